@@ -1,0 +1,439 @@
+"""Resolve a model's remote code statically: classes, files, load order, digest, problems.
+
+This is what ``codeferry inspect`` prints and what every loader starts from. It reads
+bytes and parses them; it never imports or executes model code. The bytes it hashed
+are kept in the result (``Bundle.sources``), so whoever executes the code later runs
+exactly the bytes that were checked, not a file read again after the check.
+
+Phases, in order:
+
+1. locate the model (``_source``) and read every ``auto_map`` (``_automap``);
+2. from the ``auto_map`` modules, walk relative imports to every needed file, per
+   *unit*: the model's own code, plus each repo a cross-repo reference names, pinned
+   at the commit its revision resolves to;
+3. order modules dependencies-first, find cycles, collect problems and requirements;
+4. hash: one sha256 per file and one digest over (unit, path, sha256) of all files,
+   so it is stable across machines, folder names and file times.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import _graph
+from ._automap import AUTO_MAP_FILES, ClassRef, parse_auto_maps
+from ._requirements import Requirement, check_transformers_names, collect_requirements
+from ._source import ModelSource, list_files, locate, locate_repo, read_bytes
+from .errors import (
+    AbsoluteSiblingImportError,
+    CodeferryError,
+    ConfigNotFoundError,
+    ImportCycleError,
+    InvalidConfigError,
+    LFSPointerError,
+    MissingClassError,
+    MissingModuleError,
+    ModelNotFoundError,
+    ProblemsFound,
+    SourceDecodeError,
+    SourceSyntaxError,
+    UnsafePathError,
+)
+
+__all__ = ["FileEntry", "Module", "Unit", "Bundle", "resolve"]
+
+_LFS_HEADER = b"version https://git-lfs.github.com/spec/v1"
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One needed file: ``repo`` is ``None`` for the model's own code."""
+
+    repo: str | None
+    path: str
+    sha256: str
+    size: int
+    kind: str  # "module" | "package" | "asset"
+
+
+@dataclass(frozen=True)
+class Module:
+    """A module of a unit: ``name`` is dotted from the unit root (``utils.rope``)."""
+
+    repo: str | None
+    name: str
+    path: str
+    is_package: bool
+
+    @property
+    def qualified(self) -> str:
+        """Unique across units: cross-repo modules read ``org/repo--module``."""
+        return f"{self.repo}--{self.name}" if self.repo else self.name
+
+
+@dataclass
+class Unit:
+    """One repo's worth of code: the model's own (``repo=None``) or a cross-repo one."""
+
+    source: ModelSource
+    repo: str | None
+    files: dict[str, Path]
+    modules: dict[str, Module] = field(default_factory=dict)
+    sources: dict[str, bytes] = field(default_factory=dict)
+    scans: dict[str, _graph.ModuleScan] = field(default_factory=dict)
+    assets: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """The resolved remote code of one model. ``sources`` holds the exact hashed bytes."""
+
+    source: ModelSource
+    classes: tuple[ClassRef, ...]
+    files: tuple[FileEntry, ...]
+    modules: tuple[Module, ...]
+    load_order: tuple[str, ...]
+    edges: tuple[tuple[str, str, bool], ...]
+    requirements: tuple[Requirement, ...]
+    problems: tuple[CodeferryError, ...]
+    digest: str
+    pins: Mapping[str, str]
+    sources: Mapping[tuple[str | None, str], bytes]
+
+    @property
+    def blocking(self) -> tuple[CodeferryError, ...]:
+        return tuple(p for p in self.problems if p.blocking)
+
+    def check(self) -> None:
+        """Raise the blocking problems: alone when there is one, as ``ProblemsFound`` else."""
+        blocking = self.blocking
+        if len(blocking) == 1:
+            raise blocking[0]
+        if blocking:
+            lines = "; ".join(str(p) for p in blocking)
+            raise ProblemsFound(
+                f"{len(blocking)} blocking problems in {self.source.name}: {lines}",
+                problems=blocking,
+                fix=f"run `codeferry inspect {self.source.root}` for the full report.",
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``codeferry inspect --json`` object."""
+        return {
+            "model": self.source.name,
+            "root": str(self.source.root),
+            "repo_id": self.source.repo_id,
+            "commit": self.source.commit,
+            "digest": self.digest,
+            "classes": [
+                {"source": c.source, "key": c.key, "slot": c.slot, "repo": c.repo,
+                 "module": c.module, "class": c.name, "reference": c.reference}
+                for c in self.classes
+            ],
+            "files": [
+                {"path": f.path, "repo": f.repo, "sha256": f.sha256, "size": f.size, "kind": f.kind}
+                for f in self.files
+            ],
+            "load_order": list(self.load_order),
+            "edges": [{"importer": a, "imported": b, "deferred": d} for a, b, d in self.edges],
+            "pins": dict(self.pins),
+            "requirements": [r.to_json() for r in self.requirements],
+            "problems": [p.to_dict() for p in self.problems],
+        }
+
+
+def _display(unit: Unit, rel: str) -> str:
+    return str(unit.source.root / rel)
+
+
+def _load_json(path: Path) -> tuple[Any, str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidConfigError(
+            f"{path.name} is not UTF-8 ({exc.reason}).", path=str(path),
+            fix=f"save {path.name} as UTF-8 JSON.",
+        ) from None
+    try:
+        return json.loads(text), text
+    except json.JSONDecodeError as exc:
+        raise InvalidConfigError(
+            f"{path.name} is not valid JSON: {exc.msg}.", path=str(path), line=exc.lineno,
+            col=exc.colno, fix=f"correct {path.name} at that position (a JSON linter shows it).",
+        ) from None
+
+
+def read_class_refs(source: ModelSource) -> list[ClassRef]:
+    """Every ``auto_map`` entry of the model, file by file."""
+    config = source.root / "config.json"
+    if not config.is_file():
+        raise ConfigNotFoundError(
+            f"{source.root} has no config.json, so it is not a model folder.",
+            path=str(config),
+            fix="pass the folder that holds config.json (for a hub snapshot, the snapshot folder).",
+        )
+    refs: list[ClassRef] = []
+    for name in AUTO_MAP_FILES:
+        path = source.root / name
+        if path.is_file():
+            data, text = _load_json(path)
+            refs += parse_auto_maps(data, filename=name, path=str(path), text=text)
+    return refs
+
+
+class _Resolver:
+    def __init__(self, source: ModelSource) -> None:
+        self.main = Unit(source, None, list_files(source))
+        self.units: dict[str | None, Unit] = {None: self.main}
+        self.problems: list[CodeferryError] = []
+        self.edges: set[tuple[str, str, bool]] = set()
+        self.pins: dict[str, str] = {}
+        self.siblings: set[str] = set()  # absolute imports that are really model files
+
+    # -- units ------------------------------------------------------------------------
+
+    def unit_for(self, repo: str | None) -> Unit | None:
+        if repo in self.units:
+            return self.units[repo]
+        assert repo is not None
+        # A cross-repo reference is pinned, never floated: transformers fetches it at
+        # ``code_revision``, which defaults to the other repo's main branch whatever
+        # revision the model was asked at. We resolve ``main`` once, to a commit, and
+        # record it.
+        source = locate_repo(repo)
+        assert source.commit is not None
+        self.pins[repo] = source.commit
+        unit = Unit(source, repo, list_files(source))
+        self.units[repo] = unit
+        return unit
+
+    # -- modules ----------------------------------------------------------------------
+
+    def add_module(self, unit: Unit, name: str, *, where: str, line: int | None) -> Module | None:
+        """Read, parse and scan module ``name`` of ``unit`` (once), and walk its imports."""
+        if name in unit.modules:
+            return unit.modules[name]
+        found = _graph.module_path(name, unit.files)
+        if found is None or (found[0] == "" and not found[1]):
+            self.problems.append(MissingModuleError(
+                f"module {name!r} is not in {unit.source.name} (no {name.replace('.', '/')}.py).",
+                path=where, line=line,
+                fix=f"add {name.replace('.', '/')}.py to the model folder, or correct the name.",
+            ))
+            return None
+        rel, is_package = found
+        module = Module(unit.repo, name, rel, is_package)
+        unit.modules[name] = module
+        # Parent packages execute first: ``utils.rope`` needs ``utils/__init__.py``.
+        if "." in name:
+            parent = self.add_module(unit, name.rsplit(".", 1)[0], where=where, line=line)
+            if parent is not None:
+                self.edges.add((module.qualified, parent.qualified, False))
+        if rel == "":  # a namespace folder: nothing to read
+            return module
+        data = read_bytes(unit.source, rel)
+        unit.sources[rel] = data
+        if data.startswith(_LFS_HEADER):
+            self.problems.append(LFSPointerError(
+                f"{rel} is a Git LFS pointer, not Python code.", path=_display(unit, rel), line=1,
+                fix="fetch the real file (`git lfs pull`, or download the repo again).",
+            ))
+            return module
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line_no = data[: exc.start].count(b"\n") + 1
+            raise SourceDecodeError(
+                f"{rel} is not UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start}).",
+                path=_display(unit, rel), line=line_no,
+                fix=f"re-save {rel} as UTF-8.",
+            ) from None
+        try:
+            tree = ast.parse(text, filename=rel)
+        except SyntaxError as exc:
+            self.problems.append(SourceSyntaxError(
+                f"{rel} is not valid Python: {exc.msg}.", path=_display(unit, rel),
+                line=exc.lineno, col=exc.offset, fix=f"correct the syntax of {rel} at that position.",
+            ))
+            return module
+        scan = _graph.scan(tree)
+        unit.scans[name] = scan
+        self.walk_imports(unit, module, scan)
+        self.find_assets(unit, module, scan)
+        return module
+
+    def walk_imports(self, unit: Unit, module: Module, scan: _graph.ModuleScan) -> None:
+        where = _display(unit, module.path)
+        for imp in scan.relative:
+            try:
+                found, missing = _graph.resolve_relative(module.name, module.is_package, imp, unit.files)
+            except ValueError:
+                raise UnsafePathError(
+                    f"{module.path} imports {'.' * imp.level}{imp.module or ''}, "
+                    "which climbs above the model folder.",
+                    path=where, line=imp.line, col=imp.col,
+                    fix="import only modules inside the model folder.",
+                ) from None
+            for name in found:
+                target = self.add_module(unit, name, where=where, line=imp.line)
+                if target is not None and target.name != module.name:
+                    self.edges.add((module.qualified, target.qualified, imp.deferred))
+            if missing and not imp.guarded:
+                stem = missing[0].replace(".", "/")
+                self.problems.append(MissingModuleError(
+                    f"{module.path} imports {'.' * imp.level}{imp.module or ''}, "
+                    f"but {stem}.py is not in the model folder.",
+                    path=where, line=imp.line, col=imp.col,
+                    fix=f"add {stem}.py, or wrap the import in try/except ImportError if it is optional.",
+                ))
+        for ext in scan.external:
+            top_file = _graph.module_path(ext.top, unit.files)
+            if top_file is not None and ext.top not in sys.stdlib_module_names:
+                self.siblings.add(ext.top)
+                rel_form = f"from .{ext.module} import ..." if ext.names else f"from . import {ext.top}"
+                self.problems.append(AbsoluteSiblingImportError(
+                    f"{module.path} imports {ext.module!r} absolutely, but it is a file of "
+                    "the model; that only works when the model folder is on sys.path.",
+                    path=where, line=ext.line, col=ext.col,
+                    fix=f"use a relative import: `{rel_form}`.",
+                ))
+                target = self.add_module(unit, ext.module if _graph.module_path(
+                    ext.module, unit.files) else ext.top, where=where, line=ext.line)
+                if target is not None:
+                    self.edges.add((module.qualified, target.qualified, ext.deferred))
+
+    def find_assets(self, unit: Unit, module: Module, scan: _graph.ModuleScan) -> None:
+        """Non-Python files the code names in a string, next to it or at the root."""
+        here = module.path.rsplit("/", 1)[0] + "/" if "/" in module.path else ""
+        for text in scan.strings:
+            if text.endswith(".py") or "\n" in text:
+                continue
+            for candidate in (here + text, text):
+                if candidate in unit.files and candidate not in unit.assets:
+                    if candidate.endswith((".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack")):
+                        continue  # weights are data, not code
+                    read_bytes(unit.source, candidate)  # fence check
+                    unit.assets.add(candidate)
+
+    # -- classes ----------------------------------------------------------------------
+
+    def add_class(self, ref: ClassRef) -> None:
+        where = str(self.main.source.root / ref.source.split(":", 1)[0])
+        try:
+            unit = self.unit_for(ref.repo)
+        except ModelNotFoundError as exc:
+            self.problems.append(MissingModuleError(
+                f"auto_map[{ref.key!r}] names {ref.reference!r}, but repo {ref.repo!r} is not "
+                "in the local Hugging Face cache.", path=where, fix=exc.fix,
+            ))
+            return
+        assert unit is not None
+        module = self.add_module(unit, ref.module, where=where, line=None)
+        if module is None:
+            return
+        if not self.defines(unit, ref.module, ref.name, set()):
+            self.problems.append(MissingClassError(
+                f"auto_map[{ref.key!r}] names {ref.reference!r}, but {module.path} defines "
+                f"no {ref.name!r}.", path=where,
+                fix=f"define class {ref.name} in {module.path}, or correct the auto_map entry.",
+            ))
+
+    def defines(self, unit: Unit, name: str, attr: str, seen: set[str]) -> bool:
+        """Whether module ``name`` binds ``attr`` at module level (following star imports)."""
+        scan = unit.scans.get(name)
+        module = unit.modules.get(name)
+        if scan is None or module is None or name in seen:
+            return True  # unreadable modules are reported on their own
+        seen.add(name)
+        if attr in scan.defined or scan.open_namespace or scan.star_external:
+            return True
+        for level, sub in scan.star_relative:
+            imp = _graph.RelativeImport(level, sub, ("*",), 0, 0, False, False)
+            found, _ = _graph.resolve_relative(name, module.is_package, imp, unit.files)
+            if found and self.defines(unit, found[-1], attr, seen):
+                return True
+        return False
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def resolve(
+    model: str | os.PathLike[str],
+    *,
+    revision: str | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> Bundle:
+    """Resolve ``model`` (a folder, or a repo id in the local hub cache) without executing it.
+
+    Raises a ``codeferry.errors`` error for input that cannot be analysed at all;
+    everything else is reported in ``Bundle.problems``.
+    """
+    source = locate(model, revision=revision, cache_dir=cache_dir)
+    refs = read_class_refs(source)
+    resolver = _Resolver(source)
+    for ref in refs:
+        resolver.add_class(ref)
+
+    modules = [m for unit in resolver.units.values() for m in unit.modules.values()]
+    names = [m.qualified for m in modules]
+    eager = [(a, b) for a, b, deferred in resolver.edges if not deferred]
+    cycle = _graph.find_cycle(names, eager)
+    if cycle:
+        by_name = {m.qualified: m for m in modules}
+        paths = " -> ".join(by_name[n].path or n for n in cycle)
+        resolver.problems.append(ImportCycleError(
+            f"modules import each other at module level: {paths}.",
+            cycle=tuple(cycle), path=str(source.root / by_name[cycle[0]].path),
+            fix="move one of these imports into the function that uses it.",
+        ))
+    # Deferred edges still order modules where they can (a function-level import of a
+    # config module is happier when the config exists), but never create a cycle.
+    all_edges = [(a, b) for a, b, _ in resolver.edges]
+    order_edges = eager if _graph.find_cycle(names, all_edges) else all_edges
+    order = _graph.load_order(names, order_edges)
+
+    files: list[FileEntry] = []
+    sources: dict[tuple[str | None, str], bytes] = {}
+    for unit in resolver.units.values():
+        for rel, data in unit.sources.items():
+            kind = "package" if rel.endswith("__init__.py") else "module"
+            files.append(FileEntry(unit.repo, rel, _sha256(data), len(data), kind))
+            sources[(unit.repo, rel)] = data
+        for rel in unit.assets:
+            data = read_bytes(unit.source, rel)
+            files.append(FileEntry(unit.repo, rel, _sha256(data), len(data), "asset"))
+            sources[(unit.repo, rel)] = data
+    files.sort(key=lambda f: (f.repo or "", f.path))
+    canonical = "".join(f"{f.repo or ''}\0{f.path}\0{f.sha256}\n" for f in files)
+    digest = "sha256:" + _sha256(canonical.encode("utf-8"))
+
+    scans = [
+        ((f"{unit.repo}--" if unit.repo else "") + unit.modules[name].path, scan)
+        for unit in resolver.units.values()
+        for name, scan in unit.scans.items()
+    ]
+    requirements = collect_requirements(scans, skip=resolver.siblings)
+    problems = resolver.problems + check_transformers_names(scans)
+    return Bundle(
+        source=source,
+        classes=tuple(refs),
+        files=tuple(files),
+        modules=tuple(sorted(modules, key=lambda m: m.qualified)),
+        load_order=tuple(order),
+        edges=tuple(sorted(resolver.edges)),
+        requirements=tuple(requirements),
+        problems=tuple(problems),
+        digest=digest,
+        pins=dict(resolver.pins),
+        sources=sources,
+    )

@@ -1,0 +1,168 @@
+"""Where a model's files are: a local folder, or a repo in the local Hugging Face cache.
+
+No network, ever: a repo id is looked up in the hub cache as it is on disk::
+
+    $HF_HUB_CACHE/                       (default $HF_HOME/hub, ~/.cache/huggingface/hub)
+      models--org--name/
+        refs/main                        -> "<commit>"  (a branch or tag name -> commit)
+        snapshots/<commit>/config.json   -> symlink into ../../blobs/<sha>
+        blobs/<sha>
+
+Every setting is read when a function is called, not when this module is imported,
+so a test or a worker may change ``HF_HOME`` at any time.
+
+Reading is fenced: a file may be a symlink only when it resolves inside its fence,
+the model folder for a local model and ``models--org--name`` for a cached repo (whose
+snapshots link into ``blobs``). Anything else is an ``UnsafePathError``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ModelNotFoundError, SourceTooLargeError, UnsafePathError
+
+__all__ = ["ModelSource", "hub_cache_dir", "locate", "locate_repo", "list_files", "read_bytes"]
+
+#: Far above any real modeling file (the largest on the hub are a few hundred KB).
+MAX_SOURCE_BYTES = 8 * 1024 * 1024
+
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_SKIP_DIRS = frozenset({"__pycache__", ".git", ".cache", ".hf", ".ipynb_checkpoints"})
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A located model: ``root`` holds its ``config.json``.
+
+    ``repo_id``/``commit`` are set for a cached hub repo (the commit a revision resolved
+    to, which pins it), ``None`` for a local folder.
+    """
+
+    root: Path
+    fence: Path
+    repo_id: str | None = None
+    revision: str | None = None
+    commit: str | None = None
+
+    @property
+    def name(self) -> str:
+        """What messages call the model: its repo id, or its folder."""
+        if self.repo_id:
+            return f"{self.repo_id}@{self.commit}" if self.commit else self.repo_id
+        return str(self.root)
+
+
+def hub_cache_dir() -> Path:
+    """The hub cache, from the environment as it is now (huggingface_hub's rules)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(xdg) / "huggingface" / "hub"
+
+
+def locate_repo(
+    repo_id: str, *, revision: str | None = None, cache_dir: str | os.PathLike[str] | None = None
+) -> ModelSource:
+    """A repo in the local hub cache, at ``revision`` (default ``main``) resolved to a commit."""
+    cache = Path(cache_dir) if cache_dir is not None else hub_cache_dir()
+    repo_dir = cache / ("models--" + repo_id.replace("/", "--"))
+    wanted = revision or "main"
+    fix = (
+        f"download it first (`hf download {repo_id}"
+        + (f" --revision {revision}" if revision else "")
+        + f"`), or point HF_HUB_CACHE at the cache that holds it (looked in {cache})."
+    )
+    if not repo_dir.is_dir():
+        raise ModelNotFoundError(
+            f"{repo_id!r} is neither a folder nor a repo in the local Hugging Face cache.",
+            path=str(repo_dir),
+            fix=fix,
+        )
+    commit = wanted if _COMMIT.match(wanted) else None
+    if commit is None:
+        ref = repo_dir / "refs" / wanted
+        if not ref.is_file():
+            raise ModelNotFoundError(
+                f"revision {wanted!r} of {repo_id!r} is not in the local cache.",
+                path=str(ref),
+                fix=fix,
+            )
+        commit = ref.read_text(encoding="utf-8").strip()
+    snapshot = repo_dir / "snapshots" / commit
+    if not snapshot.is_dir():
+        raise ModelNotFoundError(
+            f"commit {commit} of {repo_id!r} is not in the local cache.", path=str(snapshot), fix=fix
+        )
+    return ModelSource(snapshot, repo_dir.resolve(), repo_id, revision, commit)
+
+
+def locate(
+    model: str | os.PathLike[str],
+    *,
+    revision: str | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> ModelSource:
+    """A local folder if ``model`` is one, else a repo id in the local hub cache."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        root = path.resolve()
+        return ModelSource(root, root)
+    text = os.fspath(model)
+    looks_like_path = path.is_absolute() or text.startswith(".") or path.exists() or text.count("/") > 1
+    if looks_like_path or not text:
+        raise ModelNotFoundError(
+            f"model folder {text!r} does not exist" + (" (it is a file)" if path.is_file() else "") + ".",
+            path=text,
+            fix="pass a folder that holds config.json, or a repo id from the local Hugging Face cache.",
+        )
+    return locate_repo(text, revision=revision, cache_dir=cache_dir)
+
+
+def list_files(source: ModelSource) -> dict[str, Path]:
+    """Every file below the model root, as root-relative ``/``-paths (hidden folders skipped).
+
+    Folder symlinks are not followed: code behind one must be named explicitly, and is
+    then fenced by ``read_bytes``.
+    """
+    found: dict[str, Path] = {}
+    root = source.root
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
+        base = Path(folder)
+        for name in files:
+            full = base / name
+            found[full.relative_to(root).as_posix()] = full
+    return found
+
+
+def read_bytes(source: ModelSource, rel: str, *, limit: int = MAX_SOURCE_BYTES) -> bytes:
+    """The bytes of root-relative file ``rel``, refusing escapes and oversized files."""
+    if rel.startswith("/") or ".." in rel.split("/"):
+        raise UnsafePathError(
+            f"{rel!r} points outside the model folder.",
+            path=rel,
+            fix="keep every file the code needs inside the model folder.",
+        )
+    full = source.root / rel
+    real = full.resolve()
+    if not real.is_relative_to(source.fence):
+        raise UnsafePathError(
+            f"{rel} is a symlink to {real}, outside the model folder.",
+            path=str(full),
+            fix="replace the link with a copy of the file inside the model folder.",
+        )
+    size = real.stat().st_size
+    if size > limit:
+        raise SourceTooLargeError(
+            f"{rel} is {size / 2**20:.1f} MiB; no model source file is that large "
+            f"(the limit is {limit / 2**20:.0f} MiB).",
+            path=str(full),
+            fix="check that this is the right file; a generated or data file does not belong in code.",
+        )
+    return real.read_bytes()

@@ -1,0 +1,123 @@
+"""The ``codeferry`` command line.
+
+Exit codes: 0 success, 1 the model has blocking problems (or a command found them),
+2 usage errors (bad arguments, a model that is not there). Errors print one line
+(``codeferry: error: ...``); ``--debug`` adds the traceback. Nothing is written when a
+command fails: outputs go to a temporary file that is renamed into place at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from . import __version__
+from ._render import render_dot, render_report
+from ._resolve import resolve
+from .errors import CodeferryError, ModelNotFoundError
+
+__all__ = ["main"]
+
+
+class UsageError(Exception):
+    """Bad arguments: exit 2."""
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all (temp file in the same folder, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _write_graph(path: Path, dot: str) -> None:
+    fmt = path.suffix.lower().lstrip(".")
+    if fmt in {"dot", "gv", ""}:
+        _write_atomic(path, dot.encode("utf-8"))
+        return
+    if fmt not in {"svg", "png"}:
+        raise UsageError(f"--graph {path}: use a .dot, .svg or .png file name")
+    exe = shutil.which("dot")
+    if exe is None:
+        raise UsageError(
+            f"--graph {path}: rendering {fmt.upper()} needs Graphviz's `dot` "
+            "(apt-get install graphviz); or write .dot instead"
+        )
+    rendered = subprocess.run(
+        [exe, f"-T{fmt}"], input=dot.encode("utf-8"), capture_output=True, check=True
+    ).stdout
+    _write_atomic(path, rendered)
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    bundle = resolve(args.model, revision=args.revision)
+    if args.graph:
+        _write_graph(Path(args.graph), render_dot(bundle))
+    if args.json:
+        print(json.dumps(bundle.to_json(), indent=2))
+    else:
+        sys.stdout.write(render_report(bundle))
+    return 1 if bundle.blocking else 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="codeferry",
+        description="Load Hugging Face remote code correctly in every process and on every node.",
+    )
+    parser.add_argument("--version", action="version", version=f"codeferry {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    inspect = sub.add_parser(
+        "inspect",
+        help="show the classes, files, load order, requirements and problems of a model's code",
+        description="Static analysis of a model's remote code. Executes nothing.",
+    )
+    inspect.add_argument("model", help="a model folder, or a repo id in the local Hugging Face cache")
+    inspect.add_argument("--revision", help="branch, tag or commit of a cached repo (default: main)")
+    inspect.add_argument("--json", action="store_true", help="print one JSON object")
+    inspect.add_argument("--graph", metavar="FILE", help="write the import graph (.dot, .svg, .png)")
+    inspect.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    inspect.set_defaults(func=_cmd_inspect)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``codeferry`` console script."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    debug: bool = args.debug
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except (UsageError, ModelNotFoundError) as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"codeferry: error: {exc}", file=sys.stderr)
+        return 2
+    except CodeferryError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"codeferry: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
