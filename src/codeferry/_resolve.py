@@ -423,7 +423,12 @@ def resolve(
         for name, scan in unit.scans.items()
     ]
     requirements = collect_requirements(scans, skip=resolver.siblings)
-    problems = resolver.problems + check_transformers_names(scans)
+    located = [
+        (str(unit.source.root / unit.modules[name].path), scan)
+        for unit in resolver.units.values()
+        for name, scan in unit.scans.items()
+    ]
+    problems = resolver.problems + check_transformers_names(located)
     return Bundle(
         source=source,
         classes=tuple(refs),
