@@ -1,7 +1,15 @@
-"""codeferry: load Hugging Face remote code correctly in every process and on every node."""
+"""codeferry: load Hugging Face remote code correctly in every process and on every node.
+
+The public API is this short list (pinned by ``tests/test_api.py``); everything in a
+module whose name starts with ``_`` is private.
+"""
 
 from __future__ import annotations
 
+from . import errors
+from ._api import load
+from ._resolve import Bundle, resolve
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = ["Bundle", "errors", "load", "resolve", "__version__"]

@@ -30,6 +30,12 @@ __all__ = [
     "ImportCycleError",
     "MissingTransformersNameError",
     "ProblemsFound",
+    "TrustRequiredError",
+    "StoreUnavailableError",
+    "StoreCorruptError",
+    "CodeUnavailableError",
+    "RemoteCodeExecutionError",
+    "WorkerError",
 ]
 
 
@@ -185,3 +191,49 @@ class ProblemsFound(CodeferryError, ImportError):
     ) -> None:
         super().__init__(message, **kwargs)
         self.problems = problems
+
+
+# -- loading and carrying the code ----------------------------------------------------
+
+
+class TrustRequiredError(CodeferryError, PermissionError):
+    """Model code would run, but the caller did not decide to trust it."""
+
+    def __init__(self, message: str, *, files: tuple[str, ...] = (), **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.files = files
+
+
+class _CodeError(CodeferryError):
+    """An error about one unit of code: ``model`` names it, ``digest`` pins it."""
+
+    def __init__(
+        self, message: str, *, digest: str | None = None, model: str | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.digest = digest
+        self.model = model
+
+
+class StoreUnavailableError(_CodeError, OSError):
+    """The codeferry store cannot be written (read-only, disk full)."""
+
+
+class StoreCorruptError(_CodeError, ValueError):
+    """Bytes do not match the digest they were sent or stored with."""
+
+
+class CodeUnavailableError(_CodeError, ImportError):
+    """A process got a digest it has no bytes for, neither in memory nor in its store."""
+
+
+class RemoteCodeExecutionError(_CodeError, ImportError):
+    """Executing a module of the model raised; the original exception is the cause."""
+
+
+class WorkerError(CodeferryError, RuntimeError):
+    """A worker process failed; its traceback is the ``__cause__``."""
+
+    def __init__(self, message: str, *, worker: int | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.worker = worker

@@ -1,0 +1,262 @@
+"""How objects of remote-code classes travel to any process, interpreter or node.
+
+The failure this module exists for (vllm #572, #6607, ray #42731): a config pickles
+*by reference* to the module that defined its class, and the receiving process cannot
+import that module. cloudpickle's ``register_pickle_by_value`` (vLLM's answer) ships
+the class body instead, which drags module globals along (vllm #11055) and makes a new
+class object per message in the receiver.
+
+codeferry ships the *code unit* instead, once per pickle stream, ahead of the object:
+
+    instance  -> (_rebuild, (ticket, func, args), state, ...)
+                   ticket -> (_arrive, (digest, package, label, order, packages, payload))
+
+where ``(func, args, state)`` is what the class's own ``__reduce_ex__`` returned. On
+loading, ``_arrive`` runs first (it comes first in the stream): it verifies the bytes
+against the digest, registers the unit, and only then are the classes looked up by name,
+so they resolve to the one module of that unit in the receiver. One ticket object per
+unit per process means pickle's memo writes the payload once per stream however many
+objects refer to it.
+
+Payloads by channel:
+
+* plain ``pickle``, cloudpickle, Ray: the ticket *embeds* the unit's bytes
+  (zlib-compressed), because the receiver may be another machine with an empty store;
+* multiprocessing's ``ForkingPickler`` (``Pool``, ``ProcessPoolExecutor``, ``Process``
+  arguments, ``torch.multiprocessing``): always a process on this machine, so the
+  ticket carries only the digest and the receiver reads the store, which the sender
+  filled when it loaded the code. Every message stays small.
+
+A class sent alone pickles by name under ``pickle`` (any process on this machine finds
+it through the store). Under cloudpickle (and Ray's copy of it), whose by-reference
+path has no hook for plain classes, we extend its ``reducer_override`` for codeferry's
+classes only, so a class alone carries its ticket too and works on another machine.
+The alternative, a custom metaclass on every remote class, reaches every pickler but
+changes ``type(cls)`` and breaks multiple inheritance with other metaclasses; see the
+README's trade-offs section.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import pickle
+import sys
+import threading
+import types
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import _loader
+from ._store import UnitData, read_unit
+from .errors import CodeUnavailableError
+
+__all__ = ["Ticket", "mark_module", "mark_class", "ticket_for", "is_ferried"]
+
+_MARK = "__codeferry_package__"
+_lock = threading.Lock()
+
+
+class Ticket:
+    """The passport of a unit: what a receiver needs before it looks up any class."""
+
+    __slots__ = ("runtime", "embedded")
+
+    def __init__(self, runtime: _loader.Runtime, embedded: bool) -> None:
+        self.runtime = runtime
+        self.embedded = embedded
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        unit = self.runtime.unit
+        payload = _payload(self.runtime) if self.embedded else None
+        return (_arrive, (unit.digest, self.runtime.package, unit.label, unit.order,
+                          tuple(sorted(unit.packages)), payload))
+
+    # copy/deepcopy go through __reduce_ex__ too: a ticket is immutable, keep it as is.
+    def __copy__(self) -> Ticket:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Ticket:
+        return self
+
+
+def _payload(runtime: _loader.Runtime) -> bytes:
+    cached = runtime.extras.get("payload")
+    if not isinstance(cached, bytes):
+        cached = zlib.compress(pickle.dumps(dict(runtime.unit.files), protocol=4), 6)
+        runtime.extras["payload"] = cached
+    return cached
+
+
+def ticket_for(runtime: _loader.Runtime, *, embedded: bool) -> Ticket:
+    key = "ticket.embedded" if embedded else "ticket.ref"
+    ticket = runtime.extras.get(key)
+    if not isinstance(ticket, Ticket):
+        ticket = Ticket(runtime, embedded)
+        runtime.extras[key] = ticket
+    return ticket
+
+
+def _arrive(
+    digest: str,
+    package: str,
+    label: str,
+    order: Sequence[str],
+    packages: Sequence[str],
+    payload: bytes | None,
+) -> Ticket:
+    """Receiver side: make the unit importable under ``package`` before anything uses it."""
+    existing = _loader.registered(package)
+    if existing is not None and existing.unit.digest == digest:
+        return ticket_for(existing, embedded=payload is not None)
+    if payload is not None:
+        files = pickle.loads(zlib.decompress(payload))
+        unit = UnitData(digest, files, tuple(order), frozenset(packages), label)
+    else:
+        stored = read_unit(digest)
+        if stored is None or stored.digest != digest:
+            raise CodeUnavailableError(
+                f"the code of {label} ({digest}) is not in this process's codeferry store, "
+                "and the message carried only its digest.",
+                digest=digest, model=label,
+                fix="use one store for all processes on a machine (same HOME/XDG_CACHE_HOME, "
+                "or CODEFERRY_HOME), or send with pickle/cloudpickle, which carry the code.",
+            )
+        unit = stored
+    runtime = _loader.register(unit, package)
+    return ticket_for(runtime, embedded=payload is not None)
+
+
+def _rebuild(ticket: Ticket, func: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """Receiver side: the ticket has arrived (it was unpickled first); build the object."""
+    return func(*args)
+
+
+def _load_class(ticket: Ticket, name: str, qualname: str) -> Any:
+    obj: Any = _loader.import_module(ticket.runtime, name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+# -- the sending side -----------------------------------------------------------------
+
+
+def is_ferried(cls: type) -> bool:
+    return isinstance(getattr(cls, _MARK, None), str)
+
+
+def _runtime_of(cls: type) -> _loader.Runtime:
+    runtime = _loader.registered(getattr(cls, _MARK))
+    assert runtime is not None, "a marked class always has a registered unit"
+    return runtime
+
+
+def _inner_reduce(obj: Any, protocol: int) -> Any:
+    """What the object's class would return without us: the next ``__reduce_ex__`` in the MRO."""
+    for klass in type(obj).__mro__:
+        method = klass.__dict__.get("__reduce_ex__")
+        if method is not None and method is not _reduce_ex:
+            return method(obj, protocol)
+    raise TypeError(f"cannot reduce {type(obj)!r}")  # unreachable: object defines it
+
+
+def _wrap(obj: Any, protocol: int, *, embedded: bool) -> Any:
+    rv = _inner_reduce(obj, protocol)
+    if not isinstance(rv, tuple):
+        return rv
+    ticket = ticket_for(_runtime_of(type(obj)), embedded=embedded)
+    return (_rebuild, (ticket, rv[0], rv[1]), *rv[2:])
+
+
+def _reduce_ex(self: Any, protocol: int) -> Any:
+    return _wrap(self, protocol, embedded=True)
+
+
+def _reduce_by_ref(obj: Any) -> Any:
+    return _wrap(obj, pickle.DEFAULT_PROTOCOL, embedded=False)
+
+
+def _class_reduce(cls: type, *, embedded: bool) -> Any:
+    runtime = _runtime_of(cls)
+    name = cls.__module__[len(runtime.package) + 1:] if cls.__module__ != runtime.package else ""
+    return (_load_class, (ticket_for(runtime, embedded=embedded), name, cls.__qualname__))
+
+
+def mark_class(cls: type, runtime: _loader.Runtime) -> None:
+    """Make instances of ``cls`` (and ``cls`` itself, under cloudpickle) carry their code."""
+    type.__setattr__(cls, _MARK, runtime.package)
+    type.__setattr__(cls, "__reduce_ex__", _reduce_ex)
+    from multiprocessing.reduction import ForkingPickler
+
+    ForkingPickler.register(cls, _reduce_by_ref)
+
+
+def mark_module(module: types.ModuleType, runtime: _loader.Runtime) -> None:
+    """Mark every class the module defines (its own, not the ones it imports)."""
+    for value in list(vars(module).values()):
+        if isinstance(value, type) and value.__module__ == module.__name__:
+            mark_class(value, runtime)
+
+
+_loader.on_module_executed.append(mark_module)
+
+
+# -- cloudpickle and Ray's vendored copy ------------------------------------------------
+
+_CLOUDPICKLE_MODULES = ("cloudpickle.cloudpickle", "ray.cloudpickle.cloudpickle")
+
+
+def _patch_cloudpickle(module: types.ModuleType) -> None:
+    pickler = getattr(module, "Pickler", None)
+    if pickler is None or getattr(pickler, "_codeferry_patched", False):
+        return
+    original = pickler.reducer_override
+
+    def reducer_override(self: Any, obj: Any) -> Any:
+        if isinstance(obj, type) and _MARK in obj.__dict__:
+            return _class_reduce(obj, embedded=True)
+        return original(self, obj)
+
+    pickler.reducer_override = reducer_override
+    pickler._codeferry_patched = True
+
+
+class _PostImportHook(importlib.abc.MetaPathFinder):
+    """Patch cloudpickle modules when they are imported after us."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in _CLOUDPICKLE_MODULES:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                loader = spec.loader
+                original_exec = loader.exec_module
+
+                def exec_module(module: types.ModuleType) -> None:
+                    original_exec(module)
+                    _patch_cloudpickle(module)
+
+                loader.exec_module = exec_module  # type: ignore[method-assign]
+                return spec
+        return None
+
+
+def install_cloudpickle_support() -> None:
+    """Patch cloudpickle and Ray's copy now if imported, else as soon as they are."""
+    with _lock:
+        for name in _CLOUDPICKLE_MODULES:
+            if name in sys.modules:
+                _patch_cloudpickle(sys.modules[name])
+        if not any(isinstance(f, _PostImportHook) for f in sys.meta_path):
+            sys.meta_path.insert(0, _PostImportHook())
+
+
+install_cloudpickle_support()

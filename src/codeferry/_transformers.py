@@ -1,0 +1,90 @@
+"""Telling transformers about loaded classes, so its Auto classes return exactly them.
+
+transformers only consults its per-process registries (``AutoConfig.register``,
+``AutoModel*.register``, ...) and, failing those, executes remote code again. A class
+registered by the caller wins over remote code (transformers >= 5.5), so after
+registration ``AutoConfig.from_pretrained(model)`` and friends build instances of
+codeferry's classes, with no second execution and no ``trust_remote_code`` needed.
+
+One behaviour transformers gives remote models only on its own remote path is kept
+here: a causal LM whose class predates the ``GenerationMixin`` split gets the mixin
+added (``add_generation_mixin_to_remote_model``), so ``generate()`` works. The class
+with the mixin replaces the original in its module, so that name, pickling by
+reference and the Auto registries all agree on one class.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from . import _loader, _pickling
+
+__all__ = ["register_with_transformers", "with_generation_mixin"]
+
+logger = logging.getLogger("codeferry")
+
+
+def with_generation_mixin(cls: type, runtime: _loader.Runtime | None) -> type:
+    """``cls`` with ``GenerationMixin`` where transformers would add it; the module agrees."""
+    from transformers.models.auto.auto_factory import add_generation_mixin_to_remote_model
+
+    new: type = add_generation_mixin_to_remote_model(cls)  # type: ignore[no-untyped-call]
+    if new is cls:
+        return cls
+    new.__qualname__ = cls.__qualname__
+    module = sys.modules.get(cls.__module__)
+    if module is not None and getattr(module, cls.__name__, None) is cls:
+        setattr(module, cls.__name__, new)
+    if runtime is not None:
+        _pickling.mark_class(new, runtime)
+    return new
+
+
+def _auto_class(key: str) -> Any:
+    import transformers
+
+    return getattr(transformers, key, None)
+
+
+def register_with_transformers(
+    classes: Mapping[str, Any], runtimes: Mapping[type, _loader.Runtime]
+) -> dict[str, Any]:
+    """Register ``key -> class`` (pairs as tuples) with transformers' Auto classes.
+
+    ``classes`` keys are ``auto_map`` keys; a nested sub-config's ``AutoConfig`` comes as
+    ``"<path>:AutoConfig"``. Returns the mapping with classes replaced where a mixin was
+    added. Registrations that transformers refuses (a head whose ``config_class`` names
+    another config) are skipped: transformers then loads that class its own way.
+    """
+    out = dict(classes)
+    config_cls = classes.get("AutoConfig")
+    for key, value in classes.items():
+        if key == "AutoConfig" or key.endswith(":AutoConfig"):
+            model_type = getattr(value, "model_type", "")
+            if model_type:
+                _auto_class("AutoConfig").register(model_type, value, exist_ok=True)
+            continue
+        auto = _auto_class(key)
+        if auto is None or config_cls is None:
+            continue
+        try:
+            if key == "AutoTokenizer":
+                slow, fast = (tuple(value) + (None, None))[:2]
+                auto.register(config_cls, slow_tokenizer_class=slow, fast_tokenizer_class=fast,
+                              exist_ok=True)
+            elif key == "AutoImageProcessor":
+                auto.register(config_cls, slow_image_processor_class=value, exist_ok=True)
+            elif key in ("AutoProcessor", "AutoFeatureExtractor"):
+                auto.register(config_cls, value, exist_ok=True)
+            elif key == "AutoVideoProcessor":
+                auto.register(config_cls, video_processor_class=value, exist_ok=True)
+            elif key.startswith("AutoModel") and isinstance(value, type):
+                value = with_generation_mixin(value, runtimes.get(value))
+                out[key] = value
+                auto.register(config_cls, value, exist_ok=True)
+        except (ValueError, TypeError) as exc:
+            logger.info("codeferry: transformers refused to register %s for %s: %s", value, key, exc)
+    return out

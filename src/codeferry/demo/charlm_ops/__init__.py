@@ -1,0 +1,5 @@
+"""Helper sub-package of ``charlm``: ``from .charlm_ops.rope import rope``."""
+
+from .rope import rope
+
+__all__ = ["rope"]
