@@ -7,9 +7,10 @@ module whose name starts with ``_`` is private.
 from __future__ import annotations
 
 from . import errors
+from ._adopt import install
 from ._api import load
 from ._resolve import Bundle, resolve
 
 __version__ = "0.1.0"
 
-__all__ = ["Bundle", "errors", "load", "resolve", "__version__"]
+__all__ = ["Bundle", "errors", "install", "load", "resolve", "__version__"]

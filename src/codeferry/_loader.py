@@ -102,14 +102,31 @@ def registered(package: str) -> Runtime | None:
 
 
 def _ensure_parents(package: str) -> None:
-    """Give an alias package (``transformers_modules.x``) parent modules to hang from."""
+    """Give an alias package (``transformers_modules.x.<hash>``) parents to hang from.
+
+    Parents that import normally are imported; the others become empty packages. For
+    ``transformers_modules`` their ``__path__`` is where transformers would put them,
+    so transformers' own loading in this process keeps working beside ours.
+    """
     parts = package.split(".")
     for end in range(1, len(parts)):
         name = ".".join(parts[:end])
         if name in sys.modules or name in ("codeferry", PREFIX):
             continue
+        try:
+            importlib.import_module(name)
+            continue
+        except ImportError:
+            pass
         parent = types.ModuleType(name)
         parent.__path__ = []
+        if parts[0] == "transformers_modules":
+            import os
+
+            cache = os.environ.get("HF_MODULES_CACHE") or os.path.join(
+                os.environ.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface"), "modules"
+            )
+            parent.__path__ = [os.path.join(cache, *parts[:end])]
         sys.modules[name] = parent
 
 

@@ -53,7 +53,7 @@ from . import _loader
 from ._store import UnitData, read_unit
 from .errors import CodeUnavailableError
 
-__all__ = ["Ticket", "mark_module", "mark_class", "ticket_for", "is_ferried"]
+__all__ = ["Ticket", "mark_module", "mark_class", "ticket_for", "is_ferried", "runtime_of"]
 
 _MARK = "__codeferry_package__"
 _lock = threading.Lock()
@@ -69,10 +69,16 @@ class Ticket:
         self.embedded = embedded
 
     def __reduce__(self) -> tuple[Any, ...]:
-        unit = self.runtime.unit
-        payload = _payload(self.runtime) if self.embedded else None
-        return (_arrive, (unit.digest, self.runtime.package, unit.label, unit.order,
-                          tuple(sorted(unit.packages)), payload))
+        runtime = self.runtime
+        unit = runtime.unit
+        if not self.embedded:
+            # Same machine: the receiver reads the store, so the package name (which
+            # holds the digest's token) is all it takes.
+            if runtime.package == _loader.default_package(unit):
+                return (_arrive_ref, (runtime.package,))
+            return (_arrive_ref, (runtime.package, unit.token))
+        return (_arrive, (unit.digest, runtime.package, unit.label, unit.order,
+                          tuple(sorted(unit.packages)), _payload(runtime)))
 
     # copy/deepcopy go through __reduce_ex__ too: a ticket is immutable, keep it as is.
     def __copy__(self) -> Ticket:
@@ -105,33 +111,54 @@ def _arrive(
     label: str,
     order: Sequence[str],
     packages: Sequence[str],
-    payload: bytes | None,
+    payload: bytes,
 ) -> Ticket:
     """Receiver side: make the unit importable under ``package`` before anything uses it."""
     existing = _loader.registered(package)
     if existing is not None and existing.unit.digest == digest:
-        return ticket_for(existing, embedded=payload is not None)
-    if payload is not None:
-        files = pickle.loads(zlib.decompress(payload))
-        unit = UnitData(digest, files, tuple(order), frozenset(packages), label)
-    else:
-        stored = read_unit(digest)
-        if stored is None or stored.digest != digest:
-            raise CodeUnavailableError(
-                f"the code of {label} ({digest}) is not in this process's codeferry store, "
-                "and the message carried only its digest.",
-                digest=digest, model=label,
-                fix="use one store for all processes on a machine (same HOME/XDG_CACHE_HOME, "
-                "or CODEFERRY_HOME), or send with pickle/cloudpickle, which carry the code.",
-            )
-        unit = stored
-    runtime = _loader.register(unit, package)
-    return ticket_for(runtime, embedded=payload is not None)
+        return ticket_for(existing, embedded=True)
+    files = pickle.loads(zlib.decompress(payload))
+    unit = UnitData(digest, files, tuple(order), frozenset(packages), label)
+    return ticket_for(_loader.register(unit, package), embedded=True)
+
+
+def _arrive_ref(package: str, token: str | None = None) -> Ticket:
+    """Receiver side of a by-reference ticket: the unit comes from this machine's store."""
+    existing = _loader.registered(package)
+    if existing is not None:
+        return ticket_for(existing, embedded=False)
+    token = token or package.rsplit(".u", 1)[-1]
+    stored = read_unit(token)
+    if stored is None:
+        raise CodeUnavailableError(
+            f"the code {token}... for {package} is not in this process's codeferry store, "
+            "and the message carried only its digest.",
+            digest=token, model=package,
+            fix="use one store for all processes on a machine (same HOME/XDG_CACHE_HOME, "
+            "or CODEFERRY_HOME), or send with pickle/cloudpickle, which carry the code.",
+        )
+    return ticket_for(_loader.register(stored, package), embedded=False)
 
 
 def _rebuild(ticket: Ticket, func: Callable[..., Any], args: tuple[Any, ...]) -> Any:
     """Receiver side: the ticket has arrived (it was unpickled first); build the object."""
     return func(*args)
+
+
+def _rebuild_packed(
+    ticket: Ticket, func: Callable[..., Any], args: tuple[Any, ...], packed: bytes
+) -> Any:
+    """Like ``_rebuild``, for a config whose state travelled compressed."""
+    from multiprocessing.reduction import ForkingPickler
+
+    obj = func(*args)
+    state = ForkingPickler.loads(zlib.decompress(packed))
+    setstate = getattr(obj, "__setstate__", None)
+    if setstate is not None:
+        setstate(state)
+    else:
+        obj.__dict__.update(state)
+    return obj
 
 
 def _load_class(ticket: Ticket, name: str, qualname: str) -> Any:
@@ -148,7 +175,7 @@ def is_ferried(cls: type) -> bool:
     return isinstance(getattr(cls, _MARK, None), str)
 
 
-def _runtime_of(cls: type) -> _loader.Runtime:
+def runtime_of(cls: type) -> _loader.Runtime:
     runtime = _loader.registered(getattr(cls, _MARK))
     assert runtime is not None, "a marked class always has a registered unit"
     return runtime
@@ -167,7 +194,7 @@ def _wrap(obj: Any, protocol: int, *, embedded: bool) -> Any:
     rv = _inner_reduce(obj, protocol)
     if not isinstance(rv, tuple):
         return rv
-    ticket = ticket_for(_runtime_of(type(obj)), embedded=embedded)
+    ticket = ticket_for(runtime_of(type(obj)), embedded=embedded)
     return (_rebuild, (ticket, rv[0], rv[1]), *rv[2:])
 
 
@@ -175,12 +202,29 @@ def _reduce_ex(self: Any, protocol: int) -> Any:
     return _wrap(self, protocol, embedded=True)
 
 
+def _is_config(cls: type) -> bool:
+    return any(k.__name__ == "PreTrainedConfig" and k.__module__.startswith("transformers.")
+               for k in cls.__mro__)
+
+
 def _reduce_by_ref(obj: Any) -> Any:
-    return _wrap(obj, pickle.DEFAULT_PROTOCOL, embedded=False)
+    rv = _wrap(obj, pickle.DEFAULT_PROTOCOL, embedded=False)
+    if (
+        isinstance(rv, tuple) and len(rv) >= 3 and isinstance(rv[2], dict)
+        and all(extra is None for extra in rv[3:]) and _is_config(type(obj))
+    ):
+        # A config is sent over and over (every request of an engine); its state is a
+        # dict of mostly repeated keys, so it compresses to about the size of its JSON.
+        from multiprocessing.reduction import ForkingPickler
+
+        (ticket, func, args), state = rv[1], rv[2]
+        packed = zlib.compress(bytes(ForkingPickler.dumps(state)), 1)
+        return (_rebuild_packed, (ticket, func, args, packed))
+    return rv
 
 
 def _class_reduce(cls: type, *, embedded: bool) -> Any:
-    runtime = _runtime_of(cls)
+    runtime = runtime_of(cls)
     name = cls.__module__[len(runtime.package) + 1:] if cls.__module__ != runtime.package else ""
     return (_load_class, (ticket_for(runtime, embedded=embedded), name, cls.__qualname__))
 

@@ -108,18 +108,19 @@ def collect_requirements(
     return result
 
 
-def _module_names(module: str) -> set[str] | None:
+@lru_cache(maxsize=None)
+def _module_names(module: str) -> frozenset[str] | None:
     """Names module ``module`` of transformers offers; ``None`` when unknowable statically."""
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
-        return set()
+        return frozenset()
     if spec is None:
-        return set()
+        return frozenset()
     if spec.submodule_search_locations is not None or not spec.origin or not spec.origin.endswith(".py"):
         # transformers' packages are lazy modules whose __dir__ lists what they export.
         try:
-            return set(dir(importlib.import_module(module)))
+            return frozenset(dir(importlib.import_module(module)))
         except Exception:  # noqa: BLE001 - a broken transformers install: say nothing
             return None
     try:
@@ -129,7 +130,7 @@ def _module_names(module: str) -> set[str] | None:
     facts = scan(tree)
     if facts.open_namespace or facts.star_external or facts.star_relative:
         return None
-    return facts.defined
+    return frozenset(facts.defined)
 
 
 def check_transformers_names(scans: Iterable[tuple[str, ModuleScan]]) -> list[CodeferryError]:
@@ -143,12 +144,9 @@ def check_transformers_names(scans: Iterable[tuple[str, ModuleScan]]) -> list[Co
     if not wanted or not _has_spec("transformers"):
         return []
     version = importlib.metadata.version("transformers")
-    cache: dict[str, set[str] | None] = {}
     problems: list[CodeferryError] = []
     for path, imp in wanted:
-        if imp.module not in cache:
-            cache[imp.module] = _module_names(imp.module)
-        names = cache[imp.module]
+        names = _module_names(imp.module)
         if names is None:
             continue
         for name in imp.names:

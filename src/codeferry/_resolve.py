@@ -190,11 +190,17 @@ def read_class_refs(source: ModelSource) -> list[ClassRef]:
 
 
 class _Resolver:
-    def __init__(self, source: ModelSource) -> None:
+    def __init__(
+        self, source: ModelSource, cache_dir: str | os.PathLike[str] | None = None
+    ) -> None:
         self.main = Unit(source, None, list_files(source))
+        self.cache_dir = cache_dir  # where cross-repo code is looked up, like the model
         self.units: dict[str | None, Unit] = {None: self.main}
         self.problems: list[CodeferryError] = []
         self.edges: set[tuple[str, str, bool]] = set()
+        # child -> parent package: Python runs the parent first, and a parent that
+        # imports its own submodules (``from .rope import rope`` in __init__) is fine.
+        self.parent_edges: set[tuple[str, str]] = set()
         self.pins: dict[str, str] = {}
         self.siblings: set[str] = set()  # absolute imports that are really model files
 
@@ -208,7 +214,7 @@ class _Resolver:
         # ``code_revision``, which defaults to the other repo's main branch whatever
         # revision the model was asked at. We resolve ``main`` once, to a commit, and
         # record it.
-        source = locate_repo(repo)
+        source = locate_repo(repo, cache_dir=self.cache_dir)
         assert source.commit is not None
         self.pins[repo] = source.commit
         unit = Unit(source, repo, list_files(source))
@@ -236,7 +242,7 @@ class _Resolver:
         if "." in name:
             parent = self.add_module(unit, name.rsplit(".", 1)[0], where=where, line=line)
             if parent is not None:
-                self.edges.add((module.qualified, parent.qualified, False))
+                self.parent_edges.add((module.qualified, parent.qualified))
         if rel == "":  # a namespace folder: nothing to read
             return module
         data = read_bytes(unit.source, rel)
@@ -380,7 +386,7 @@ def resolve(
     """
     source = locate(model, revision=revision, cache_dir=cache_dir)
     refs = read_class_refs(source)
-    resolver = _Resolver(source)
+    resolver = _Resolver(source, cache_dir)
     for ref in refs:
         resolver.add_class(ref)
 
@@ -396,10 +402,12 @@ def resolve(
             cycle=tuple(cycle), path=str(source.root / by_name[cycle[0]].path),
             fix="move one of these imports into the function that uses it.",
         ))
-    # Deferred edges still order modules where they can (a function-level import of a
-    # config module is happier when the config exists), but never create a cycle.
-    all_edges = [(a, b) for a, b, _ in resolver.edges]
-    order_edges = eager if _graph.find_cycle(names, all_edges) else all_edges
+    # Parent packages and deferred imports still order modules where they can (a
+    # function-level import of a config module is happier when the config exists), but
+    # never create a cycle: try the richest edge set first.
+    parents = sorted(resolver.parent_edges)
+    candidates = [[(a, b) for a, b, _ in resolver.edges] + parents, eager + parents, eager]
+    order_edges = next((c for c in candidates if not _graph.find_cycle(names, c)), eager)
     order = _graph.load_order(names, order_edges)
 
     files: list[FileEntry] = []
@@ -435,7 +443,7 @@ def resolve(
         files=tuple(files),
         modules=tuple(sorted(modules, key=lambda m: m.qualified)),
         load_order=tuple(order),
-        edges=tuple(sorted(resolver.edges)),
+        edges=tuple(sorted(resolver.edges | {(a, b, False) for a, b in resolver.parent_edges})),
         requirements=tuple(requirements),
         problems=tuple(problems),
         digest=digest,

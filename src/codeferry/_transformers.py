@@ -27,20 +27,57 @@ __all__ = ["register_with_transformers", "with_generation_mixin"]
 logger = logging.getLogger("codeferry")
 
 
-def with_generation_mixin(cls: type, runtime: _loader.Runtime | None) -> type:
-    """``cls`` with ``GenerationMixin`` where transformers would add it; the module agrees."""
-    from transformers.models.auto.auto_factory import add_generation_mixin_to_remote_model
+_original_add_mixin: Any = None
 
-    new: type = add_generation_mixin_to_remote_model(cls)  # type: ignore[no-untyped-call]
+
+def _add_mixin() -> Any:
+    """transformers' own ``add_generation_mixin_to_remote_model``, captured before any hook."""
+    global _original_add_mixin
+    if _original_add_mixin is None:
+        from transformers.models.auto import auto_factory
+
+        _original_add_mixin = auto_factory.add_generation_mixin_to_remote_model
+    return _original_add_mixin
+
+
+def with_generation_mixin(cls: type, runtime: _loader.Runtime | None = None) -> type:
+    """``cls`` with ``GenerationMixin`` where transformers would add it; the module agrees.
+
+    transformers builds a new class on every call (so two models loaded one after the
+    other have two classes of one name, and neither pickles by name). Here it is built
+    once per class, and it replaces the original in its module.
+    """
+    cached = cls.__dict__.get("__codeferry_mixed__")
+    if isinstance(cached, type):
+        return cached
+    new: type = _add_mixin()(cls)
     if new is cls:
         return cls
     new.__qualname__ = cls.__qualname__
+    type.__setattr__(cls, "__codeferry_mixed__", new)
     module = sys.modules.get(cls.__module__)
     if module is not None and getattr(module, cls.__name__, None) is cls:
         setattr(module, cls.__name__, new)
+    if runtime is None and _pickling.is_ferried(cls):
+        runtime = _pickling.runtime_of(cls)
     if runtime is not None:
         _pickling.mark_class(new, runtime)
     return new
+
+
+def install_generation_mixin_hook() -> None:
+    """Route transformers' own remote path through ``with_generation_mixin`` too."""
+    from transformers.models.auto import auto_factory
+
+    if getattr(auto_factory.add_generation_mixin_to_remote_model, "_codeferry", False):
+        return
+    _add_mixin()  # capture the original before replacing it
+
+    def add_generation_mixin_to_remote_model(model_class: type) -> type:
+        return with_generation_mixin(model_class)
+
+    add_generation_mixin_to_remote_model._codeferry = True  # type: ignore[attr-defined]
+    auto_factory.add_generation_mixin_to_remote_model = add_generation_mixin_to_remote_model
 
 
 def _auto_class(key: str) -> Any:

@@ -1,0 +1,97 @@
+"""Shared session fixtures: tiny remote-code models from ``codeferry.testing``, written once.
+
+``factory_models`` maps a variant name to its folder. Local variants are keyed by a plain name
+(``"default"``, ``"helper_star"``, ``"largest"``...); hub variants by their repo id
+(``"acme/tiny"``), mapped to their snapshot folder inside ``factory_hub_cache``.
+``factory_specs`` gives the ``ModelSpec`` of every key. Treat both as read-only: copy a model
+(``shutil.copytree``) before changing it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+# The session's environment: offline, and every cache in a fresh temporary folder. Set
+# before anything imports transformers (it reads HF_MODULES_CACHE once, at import);
+# child processes inherit it.
+_ROOT = tempfile.mkdtemp(prefix="codeferry-tests-")
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_HOME"] = os.path.join(_ROOT, "hf")
+os.environ["HF_MODULES_CACHE"] = os.path.join(_ROOT, "hf", "modules")
+os.environ["CODEFERRY_HOME"] = os.path.join(_ROOT, "codeferry")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+
+from codeferry.testing import HELPER_KINDS, ModelSpec, write_hub_model, write_model  # noqa: E402
+
+#: Folder of the ``default`` variant: dots, a hyphen and a space, which loaders must cope with.
+ODD_FOLDER = "my.model-v1 copy"
+
+_LOCAL: dict[str, ModelSpec] = {
+    "default": ModelSpec(),
+    **{f"helper_{kind}": ModelSpec(name=f"h_{kind}", helpers=(kind,)) for kind in HELPER_KINDS},
+    "all_helpers": ModelSpec(name="allh", helpers=HELPER_KINDS),
+    "model_keys_first": ModelSpec(name="mkf", model_keys_first=True, config_helper=True),
+    "config_helper": ModelSpec(name="cfgh", config_helper=True),
+    "tokenizer": ModelSpec(name="tok", tokenizer=True),
+    "processor": ModelSpec(name="proc", processor=True),
+    "nested_subconfig": ModelSpec(name="nest", nested_subconfig=True),
+    "asset": ModelSpec(name="asset", asset=True),
+    "generic_a": ModelSpec(name="alpha", generic_names=True),
+    "generic_b": ModelSpec(name="beta", generic_names=True, helpers=("flat", "subpackage")),
+    # The other repo's code lives only in the hub cache (written with "acme/crossy").
+    "cross_repo": ModelSpec(name="crossy", cross_repo="org/shared-heads"),
+    # Every switch at once (but marker and generic_names), as in benchmarks/bench_inspect.py.
+    "largest": ModelSpec(
+        name="big",
+        model_keys_first=True,
+        helpers=HELPER_KINDS,
+        config_helper=True,
+        tokenizer=True,
+        processor=True,
+        nested_subconfig=True,
+        asset=True,
+        cross_repo="org/big-heads",
+    ),
+}
+
+_HUB: dict[str, ModelSpec] = {
+    "acme/tiny": ModelSpec(),
+    "acme/crossy": ModelSpec(name="crossy", cross_repo="org/shared-heads", model_keys_first=True),
+    "acme/largest": _LOCAL["largest"],
+}
+
+
+@pytest.fixture(scope="session")
+def factory_specs() -> dict[str, ModelSpec]:
+    """The ``ModelSpec`` of every key of ``factory_models``."""
+    return {**_LOCAL, **_HUB}
+
+
+@pytest.fixture(scope="session")
+def factory_hub_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Hugging Face hub cache (``HF_HUB_CACHE``) holding the hub variants and cross repos."""
+    cache = tmp_path_factory.mktemp("factory_hub")
+    for repo_id, spec in _HUB.items():
+        write_hub_model(cache, repo_id, spec)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def factory_models(
+    tmp_path_factory: pytest.TempPathFactory, factory_hub_cache: Path
+) -> dict[str, Path]:
+    """Variant name (or hub repo id) -> model folder (or snapshot folder), written once."""
+    root = tmp_path_factory.mktemp("factory_models")
+    out: dict[str, Path] = {}
+    for name, spec in _LOCAL.items():
+        out[name] = write_model(root / (ODD_FOLDER if name == "default" else name), spec)
+    for repo_id in _HUB:
+        repo_dir = factory_hub_cache / ("models--" + repo_id.replace("/", "--"))
+        commit = (repo_dir / "refs" / "main").read_text(encoding="utf-8").strip()
+        out[repo_id] = repo_dir / "snapshots" / commit
+    return out
