@@ -47,8 +47,8 @@ def _trust_error(bundle: Bundle) -> TrustRequiredError:
     )
     listing = ", ".join(files)
     return TrustRequiredError(
-        f"{bundle.source.name} ships code that would run in this process and in every "
-        f"worker: {listing} (digest {bundle.digest}).",
+        f"the model ships code that would run in this process and in every worker: "
+        f"{listing} (digest {bundle.digest}).",
         files=files,
         path=str(bundle.source.root),
         fix="read it (`codeferry inspect MODEL`), then pass trust_remote_code=True "

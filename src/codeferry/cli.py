@@ -74,6 +74,20 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 1 if bundle.blocking else 0
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from ._doctor import doctor, render_doctor
+
+    report = doctor(
+        args.model, trust_remote_code=args.trust_remote_code, workers=args.workers,
+        start_method=args.start_method, revision=args.revision,
+    )
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        sys.stdout.write(render_doctor(report))
+    return 0 if report.ok else 1
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="codeferry",
@@ -94,6 +108,21 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--graph", metavar="FILE", help="write the import graph (.dot, .svg, .png)")
     inspect.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
     inspect.set_defaults(func=_cmd_inspect)
+
+    doc = sub.add_parser(
+        "doctor",
+        help="load a model here and in N fresh workers, and report what each worker saw",
+        description="Executes the model's code here and in every worker: needs --trust-remote-code.",
+    )
+    doc.add_argument("model", help="a model folder, or a repo id in the local Hugging Face cache")
+    doc.add_argument("--revision", help="branch, tag or commit of a cached repo (default: main)")
+    doc.add_argument("--trust-remote-code", action="store_true",
+                     help="allow the model's code to run here and in the workers")
+    doc.add_argument("--workers", type=int, default=2, metavar="N")
+    doc.add_argument("--start-method", choices=["spawn", "forkserver", "fork"], default="spawn")
+    doc.add_argument("--json", action="store_true", help="print one JSON object")
+    doc.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    doc.set_defaults(func=_cmd_doctor)
     return parser
 
 

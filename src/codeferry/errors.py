@@ -36,6 +36,7 @@ __all__ = [
     "CodeUnavailableError",
     "RemoteCodeExecutionError",
     "WorkerError",
+    "RemoteTraceback",
 ]
 
 
@@ -237,3 +238,18 @@ class WorkerError(CodeferryError, RuntimeError):
     def __init__(self, message: str, *, worker: int | None = None, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.worker = worker
+
+
+class RemoteTraceback(Exception):
+    """A worker's formatted traceback, attached as ``__cause__`` of the error it raised.
+
+    Python prints the cause above the error, so the parent's traceback shows where the
+    worker failed (loky does the same).
+    """
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return f"\n\"\"\"\n{self.tb}\"\"\""

@@ -1,0 +1,197 @@
+"""``codeferry doctor``: prove, with real workers, that a model's code survives the trip.
+
+The parent loads the model, builds its config and sends it to N fresh workers of the
+chosen start method, exactly as an engine would. Each worker unpickles the config,
+loads every ``auto_map`` class, checks that the config's class is the one its own
+process resolves, and builds each model class from the config (random weights).
+
+The config travels as bytes that the worker unpickles itself, inside ``try``: a worker
+that cannot materialize the code reports the typed error with its traceback, instead of
+dying while multiprocessing unpickles its arguments (which a pool reports as a bare
+``BrokenProcessPool``, or not at all).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import time
+import traceback
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any, Literal
+
+from ._api import load
+from ._resolve import resolve
+from .errors import CodeferryError, RemoteTraceback, WorkerError
+
+__all__ = ["StartMethod", "WorkerReport", "DoctorReport", "doctor"]
+
+StartMethod = Literal["spawn", "forkserver", "fork"]
+
+
+@dataclass
+class WorkerReport:
+    """What one worker found: ``error`` is ``None`` when it succeeded."""
+
+    worker: int
+    pid: int | None = None
+    seconds: float | None = None
+    checks: dict[str, Any] = field(default_factory=dict)
+    error: BaseException | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"worker": self.worker, "ok": self.ok, "pid": self.pid,
+                               "seconds": self.seconds, "checks": self.checks}
+        if self.error is not None:
+            cause = self.error.__cause__
+            out["error"] = {
+                "type": type(self.error).__name__,
+                "message": str(self.error),
+                "traceback": str(cause) if isinstance(cause, RemoteTraceback) else None,
+            }
+        return out
+
+
+@dataclass
+class DoctorReport:
+    model: str
+    digest: str
+    start_method: str
+    workers: list[WorkerReport]
+
+    @property
+    def ok(self) -> bool:
+        return all(w.ok for w in self.workers)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "digest": self.digest, "start_method": self.start_method,
+                "ok": self.ok, "workers": [w.to_json() for w in self.workers]}
+
+
+def _worker(index: int, model: str, revision: str | None, config_bytes: bytes,
+            conn: Connection) -> None:
+    """Runs in the worker. Always answers on ``conn``, with a result or the error."""
+    start = time.perf_counter()
+    try:
+        config = pickle.loads(config_bytes)
+        classes = load(model, trust_remote_code=True, revision=revision)
+        config_cls = classes.get("AutoConfig")
+        checks: dict[str, Any] = {
+            "config_class_is_loaded_class": type(config) is config_cls,
+            "classes": sorted(classes),
+        }
+        built = []
+        for key, cls in sorted(classes.items()):
+            if key.startswith("AutoModel") and isinstance(cls, type):
+                model_obj = cls(config) if config_cls is not None else None
+                if model_obj is not None:
+                    if model_obj.config_class is not type(config):
+                        raise TypeError(f"{cls.__name__}.config_class is not the config's class")
+                    built.append(key)
+        checks["models_built"] = built
+        if config_cls is not None and type(config) is not config_cls:
+            raise TypeError("the received config is not an instance of the loaded config class")
+        conn.send(("ok", os.getpid(), time.perf_counter() - start, checks))
+    except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
+        text = traceback.format_exc()
+        try:
+            blob = pickle.dumps(exc)
+        except Exception:  # noqa: BLE001 - an unpicklable error still reports its text
+            blob = None
+        conn.send(("error", os.getpid(), time.perf_counter() - start, (blob, text, repr(exc))))
+    finally:
+        conn.close()
+
+
+def _error_from(index: int, blob: bytes | None, text: str, summary: str) -> BaseException:
+    exc: BaseException | None = None
+    if blob is not None:
+        try:
+            exc = pickle.loads(blob)
+        except Exception:  # noqa: BLE001 - fall back to the text
+            exc = None
+    if exc is None:
+        exc = WorkerError(f"worker {index} failed: {summary}", worker=index)
+    exc.__cause__ = RemoteTraceback(text)
+    return exc
+
+
+def doctor(
+    model: str,
+    *,
+    trust_remote_code: bool = False,
+    workers: int = 2,
+    start_method: StartMethod = "spawn",
+    revision: str | None = None,
+    timeout: float = 300.0,
+) -> DoctorReport:
+    """Load ``model`` here, send its config to ``workers`` fresh processes, report each."""
+    from transformers import AutoConfig
+
+    bundle = resolve(model, revision=revision)
+    load(model, trust_remote_code=trust_remote_code, revision=revision)
+    config = AutoConfig.from_pretrained(str(bundle.source.root))
+    from multiprocessing.reduction import ForkingPickler
+
+    config_bytes = bytes(ForkingPickler.dumps(config))
+    ctx: Any = mp.get_context(start_method)
+    procs = []
+    for index in range(workers):
+        parent_end, child_end = ctx.Pipe(duplex=False)
+        proc = ctx.Process(
+            target=_worker, args=(index, str(bundle.source.root), revision, config_bytes, child_end),
+            name=f"codeferry-doctor-{index}", daemon=True,
+        )
+        proc.start()
+        child_end.close()
+        procs.append((index, proc, parent_end))
+    reports = []
+    deadline = time.monotonic() + timeout
+    for index, proc, conn in procs:
+        report = WorkerReport(index, pid=proc.pid)
+        try:
+            if not conn.poll(max(0.0, deadline - time.monotonic())):
+                raise TimeoutError
+            status, pid, seconds, data = conn.recv()
+            report.pid, report.seconds = pid, seconds
+            if status == "ok":
+                report.checks = data
+            else:
+                report.error = _error_from(index, *data)
+        except (EOFError, OSError, TimeoutError):
+            proc.join(5)
+            how = "timed out" if proc.exitcode is None else f"died with exit code {proc.exitcode}"
+            report.error = WorkerError(
+                f"worker {index} (pid {proc.pid}) {how} before reporting.", worker=index,
+                fix="run again with --debug; a segfault or the OOM killer leaves no traceback.",
+            )
+        finally:
+            conn.close()
+            if proc.is_alive():
+                proc.kill()
+            proc.join(5)
+        reports.append(report)
+    return DoctorReport(bundle.source.name, bundle.digest, start_method, reports)
+
+
+def render_doctor(report: DoctorReport) -> str:
+    lines = [f"model    {report.model}", f"digest   {report.digest}",
+             f"workers  {len(report.workers)} ({report.start_method})"]
+    for w in report.workers:
+        if w.ok:
+            built = ", ".join(w.checks.get("models_built", [])) or "no model classes"
+            lines.append(f"  worker {w.worker}  ok     {w.seconds or 0:.2f}s  built {built}")
+        else:
+            err = w.error
+            kind = type(err).__name__
+            lines.append(f"  worker {w.worker}  FAILED {kind}: {err}")
+            if isinstance(err, CodeferryError) is False and err is not None and err.__cause__:
+                lines.append("    " + str(err.__cause__).strip().splitlines()[-1])
+    lines.append("ok" if report.ok else "FAILED")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,69 @@
+"""``codeferry doctor``: real workers of each start method, and their real errors."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from codeferry._doctor import doctor
+from codeferry.cli import main
+from codeferry.errors import CodeUnavailableError, RemoteCodeExecutionError, RemoteTraceback
+from codeferry.testing import ModelSpec, write_model
+
+_count = itertools.count()
+
+
+def model(root: Path, **kw: object) -> Path:
+    name = f"d{next(_count)}"
+    return write_model(root / name, ModelSpec(name=name, helpers=("subpackage",), **kw))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
+def test_every_worker_loads_and_builds(method: str, tmp_path: Path) -> None:
+    report = doctor(str(model(tmp_path)), trust_remote_code=True, workers=2, start_method=method)
+    assert report.ok, [w.to_json() for w in report.workers]
+    assert len({w.pid for w in report.workers}) == 2
+    for w in report.workers:
+        assert w.checks["config_class_is_loaded_class"] is True
+        assert "AutoModelForCausalLM" in w.checks["models_built"]
+
+
+def test_a_worker_error_arrives_typed_with_the_workers_traceback(tmp_path: Path) -> None:
+    path = model(tmp_path)
+    modeling = next(path.glob("modeling_*.py"))
+    modeling.write_text(
+        modeling.read_text()
+        + "\nimport multiprocessing\nif multiprocessing.parent_process() is not None:\n"
+        "    raise RuntimeError('only in workers')\n"
+    )
+    report = doctor(str(path), trust_remote_code=True, workers=1)
+    assert not report.ok
+    err = report.workers[0].error
+    assert isinstance(err, RemoteCodeExecutionError) and err.digest
+    assert isinstance(err.__cause__, RemoteTraceback)
+    assert "only in workers" in err.__cause__.tb
+
+
+def test_a_worker_without_the_code_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = model(tmp_path)
+    report = doctor(str(path), trust_remote_code=True, workers=1)  # loaded here, store filled
+    assert report.ok
+    # Workers now get another, empty store: the digest alone cannot be materialized.
+    monkeypatch.setenv("CODEFERRY_HOME", str(tmp_path / "empty-store"))
+    report = doctor(str(path), trust_remote_code=True, workers=1)
+    err = report.workers[0].error
+    assert isinstance(err, CodeUnavailableError)
+    assert "CODEFERRY_HOME" in str(err) and isinstance(err.__cause__, RemoteTraceback)
+
+
+def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = model(tmp_path)
+    assert main(["doctor", str(path)]) == 1  # no trust decision: refused, nothing runs
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--trust-remote-code" in err
+    assert main(["doctor", str(path), "--trust-remote-code", "--workers", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is True and out["workers"][0]["ok"] is True
