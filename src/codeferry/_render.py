@@ -26,18 +26,24 @@ def render_report(bundle: Bundle) -> str:
 
     out.append("classes")
     by_source: dict[str, dict[str, list[str | None]]] = defaultdict(dict)
+    pairs: set[tuple[str, str]] = set()
     for ref in bundle.classes:
         slots = by_source[ref.source].setdefault(ref.key, [])
         if ref.slot is None:
             slots.append(ref.reference)
         else:
+            pairs.add((ref.source, ref.key))
             slots.extend([None] * (ref.slot + 1 - len(slots)))
             slots[ref.slot] = ref.reference
     for source, keys in by_source.items():
         out.append(f"  {source}")
         width = max(len(k) for k in keys)
         for key, refs in keys.items():
-            shown = refs[0] if len(refs) == 1 else "[" + ", ".join(str(r) for r in refs) + "]"
+            if (source, key) in pairs:
+                refs = refs + [None] * (2 - len(refs))
+                shown = "[" + ", ".join("null" if r is None else r for r in refs) + "]"
+            else:
+                shown = str(refs[0])
             out.append(f"    {key:<{width}}  {shown}")
 
     total = sum(f.size for f in bundle.files)
@@ -50,6 +56,8 @@ def render_report(bundle: Bundle) -> str:
 
     deps: dict[str, list[str]] = defaultdict(list)
     for importer, imported, deferred in bundle.edges:
+        if importer.startswith(imported + "."):
+            continue  # a submodule's own package: not an import statement
         deps[importer].append(imported + (" (in a function)" if deferred else ""))
     out.append("load order (dependencies first)")
     for index, name in enumerate(bundle.load_order, start=1):

@@ -63,8 +63,12 @@ def _write_graph(path: Path, dot: str) -> None:
     _write_atomic(path, rendered)
 
 
+def _demo() -> str:
+    return str(Path(__file__).with_name("demo"))
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    bundle = resolve(args.model, revision=args.revision)
+    bundle = resolve(args.model or _demo(), revision=args.revision)
     if args.graph:
         _write_graph(Path(args.graph), render_dot(bundle))
     if args.json:
@@ -102,7 +106,10 @@ def _parser() -> argparse.ArgumentParser:
         help="show the classes, files, load order, requirements and problems of a model's code",
         description="Static analysis of a model's remote code. Executes nothing.",
     )
-    inspect.add_argument("model", help="a model folder, or a repo id in the local Hugging Face cache")
+    inspect.add_argument(
+        "model", nargs="?", default=None,
+        help="a model folder, or a repo id in the local Hugging Face cache (default: the bundled demo)",
+    )
     inspect.add_argument("--revision", help="branch, tag or commit of a cached repo (default: main)")
     inspect.add_argument("--json", action="store_true", help="print one JSON object")
     inspect.add_argument("--graph", metavar="FILE", help="write the import graph (.dot, .svg, .png)")
