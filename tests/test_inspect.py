@@ -847,8 +847,9 @@ def test_cli_exit_codes(
     assert main(["inspect", str(tmp_path / "no such model")]) == 2
     assert main(["inspect", "acme/not-in-the-cache"]) == 2
     with pytest.raises(SystemExit) as info:
-        main(["inspect"])
+        main(["inspect", "--no-such-option"])
     assert info.value.code == 2
+    assert main(["inspect"]) == 0  # no MODEL: the bundled demo model
     root = copy_model(factory_models["default"], tmp_path / "m")
     (root / "modeling_tiny.py").write_bytes(LFS_POINTER)
     assert main(["inspect", str(root)]) == 1
