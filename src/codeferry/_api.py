@@ -7,7 +7,8 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from . import _loader, _pickling, _transformers
+from . import _loader, _pickling, _policy, _transformers
+from ._lockfile import Lock, read_lock
 from ._resolve import Bundle, resolve
 from ._store import UnitData, unit_digest
 from .errors import RemoteCodeExecutionError, TrustRequiredError
@@ -51,8 +52,9 @@ def _trust_error(bundle: Bundle) -> TrustRequiredError:
         f"{listing} (digest {bundle.digest}).",
         files=files,
         path=str(bundle.source.root),
-        fix="read it (`codeferry inspect MODEL`), then pass trust_remote_code=True "
-        "(on the command line --trust-remote-code).",
+        fix="read it (`codeferry inspect MODEL`, `codeferry audit MODEL`), then pass "
+        "trust_remote_code=True or lock=FILE (on the command line --trust-remote-code or "
+        "--lock FILE; `codeferry lock MODEL -o FILE` writes one).",
     )
 
 
@@ -61,6 +63,7 @@ def load(
     *,
     trust_remote_code: bool = False,
     revision: str | None = None,
+    lock: Lock | str | os.PathLike[str] | None = None,
 ) -> Mapping[str, Any]:
     """Load every ``auto_map`` class of ``model`` in dependency order, once per process.
 
@@ -69,13 +72,22 @@ def load(
     registered with transformers' Auto classes, so ``AutoConfig/AutoModel*/AutoTokenizer
     .from_pretrained(model)`` return instances of exactly these classes afterwards, and
     objects of them pickle with their code, so any process can receive them.
+
+    Code runs only with ``trust_remote_code=True`` or a ``lock`` (a ``Lock`` or the path
+    of a lock file) that lists exactly this code; once a lock was used in a process, that
+    process runs (and accepts from other processes) only code some lock of it lists.
     """
     bundle = resolve(model, revision=revision)
     bundle.check()
-    if not trust_remote_code:
+    if lock is not None:
+        locked = lock if isinstance(lock, Lock) else read_lock(lock)
+        locked.check(bundle)
+    elif not trust_remote_code:
         raise _trust_error(bundle)
+    units = units_of(bundle)
+    _policy.allow({u.digest for u in units.values()}, from_lock=lock is not None)
     with _lock:
-        runtimes = {repo: _loader.register(unit) for repo, unit in units_of(bundle).items()}
+        runtimes = {repo: _loader.register(unit) for repo, unit in units.items()}
         for repo, runtime in runtimes.items():
             for name in runtime.unit.order:
                 try:

@@ -23,6 +23,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Literal
 
 from ._api import load
+from ._lockfile import Lock, read_lock
 from ._resolve import resolve
 from .errors import CodeferryError, RemoteTraceback, WorkerError
 
@@ -74,13 +75,15 @@ class DoctorReport:
                 "ok": self.ok, "workers": [w.to_json() for w in self.workers]}
 
 
-def _worker(index: int, model: str, revision: str | None, config_bytes: bytes,
-            conn: Connection) -> None:
+def _worker(index: int, model: str, revision: str | None, lock: Lock | None,
+            config_bytes: bytes, conn: Connection) -> None:
     """Runs in the worker. Always answers on ``conn``, with a result or the error."""
     start = time.perf_counter()
     try:
+        if lock is not None:  # bind this worker to the lock before anything arrives
+            load(model, lock=lock, revision=revision)
         config = pickle.loads(config_bytes)
-        classes = load(model, trust_remote_code=True, revision=revision)
+        classes = load(model, trust_remote_code=lock is None, revision=revision, lock=lock)
         config_cls = classes.get("AutoConfig")
         checks: dict[str, Any] = {
             "config_class_is_loaded_class": type(config) is config_cls,
@@ -129,13 +132,15 @@ def doctor(
     workers: int = 2,
     start_method: StartMethod = "spawn",
     revision: str | None = None,
+    lock: Lock | str | None = None,
     timeout: float = 300.0,
 ) -> DoctorReport:
     """Load ``model`` here, send its config to ``workers`` fresh processes, report each."""
     from transformers import AutoConfig
 
     bundle = resolve(model, revision=revision)
-    load(model, trust_remote_code=trust_remote_code, revision=revision)
+    locked = read_lock(lock) if isinstance(lock, str) else lock
+    load(model, trust_remote_code=trust_remote_code, revision=revision, lock=locked)
     config = AutoConfig.from_pretrained(str(bundle.source.root))
     from multiprocessing.reduction import ForkingPickler
 
@@ -145,7 +150,8 @@ def doctor(
     for index in range(workers):
         parent_end, child_end = ctx.Pipe(duplex=False)
         proc = ctx.Process(
-            target=_worker, args=(index, str(bundle.source.root), revision, config_bytes, child_end),
+            target=_worker,
+            args=(index, str(bundle.source.root), revision, locked, config_bytes, child_end),
             name=f"codeferry-doctor-{index}", daemon=True,
         )
         proc.start()

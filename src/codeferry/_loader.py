@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ._policy import check_allowed
 from ._store import UnitData, read_unit, write_unit
 from .errors import CodeUnavailableError
 
@@ -87,6 +88,7 @@ def register(unit: UnitData, package: str | None = None) -> Runtime:
         existing = _runtimes.get(package)
         if existing is not None and existing.unit.digest == unit.digest:
             return existing
+        check_allowed(unit.digest, unit.label)
         unit.verify()
         files_dir = write_unit(unit)
         runtime = Runtime(unit, package, files_dir)

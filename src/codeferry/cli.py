@@ -78,12 +78,43 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 1 if bundle.blocking else 0
 
 
+def _cmd_lock(args: argparse.Namespace) -> int:
+    from ._lockfile import Lock
+
+    bundle = resolve(args.model or _demo(), revision=args.revision)
+    bundle.check()
+    text = Lock.from_bundle(bundle).dumps()
+    if args.output:
+        _write_atomic(Path(args.output), text.encode("utf-8"))
+        print(f"wrote {args.output} ({len(bundle.files)} files, {bundle.digest})", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from ._lockfile import read_lock
+
+    lock = read_lock(args.lock)
+    bundle = resolve(args.model, revision=args.revision)
+    diff = lock.diff(bundle)
+    if bundle.digest == lock.digest:
+        print(f"ok: {bundle.source.name} matches {args.lock} ({lock.digest})")
+        return 0
+    print(f"MISMATCH: {bundle.source.name} is not the code locked in {args.lock}")
+    print(f"  locked  {lock.digest}\n  actual  {bundle.digest}")
+    for line in diff.lines():
+        print(f"  {line}")
+    print(f"after reviewing the changes, re-lock: codeferry lock {args.model} -o {args.lock}")
+    return 1
+
+
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from ._doctor import doctor, render_doctor
 
     report = doctor(
         args.model, trust_remote_code=args.trust_remote_code, workers=args.workers,
-        start_method=args.start_method, revision=args.revision,
+        start_method=args.start_method, revision=args.revision, lock=args.lock,
     )
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
@@ -125,11 +156,33 @@ def _parser() -> argparse.ArgumentParser:
     doc.add_argument("--revision", help="branch, tag or commit of a cached repo (default: main)")
     doc.add_argument("--trust-remote-code", action="store_true",
                      help="allow the model's code to run here and in the workers")
+    doc.add_argument("--lock", metavar="FILE", help="allow exactly the code this lock file lists")
     doc.add_argument("--workers", type=int, default=2, metavar="N")
     doc.add_argument("--start-method", choices=["spawn", "forkserver", "fork"], default="spawn")
     doc.add_argument("--json", action="store_true", help="print one JSON object")
     doc.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
     doc.set_defaults(func=_cmd_doctor)
+
+    lock = sub.add_parser(
+        "lock", help="write a lock file: the exact code of a model, to review and to pin",
+        description="Static: executes nothing. See the README for the format.",
+    )
+    lock.add_argument("model", nargs="?", default=None,
+                      help="a model folder or cached repo id (default: the bundled demo)")
+    lock.add_argument("--revision", help="branch, tag or commit of a cached repo (default: main)")
+    lock.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
+    lock.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    lock.set_defaults(func=_cmd_lock)
+
+    verify = sub.add_parser(
+        "verify", help="check a model's code against a lock file (exit 1 on any difference)",
+        description="Static: executes nothing.",
+    )
+    verify.add_argument("model", help="a model folder, or a repo id in the local Hugging Face cache")
+    verify.add_argument("--lock", metavar="FILE", required=True, help="the lock file")
+    verify.add_argument("--revision", help="branch, tag or commit of a cached repo (default: main)")
+    verify.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    verify.set_defaults(func=_cmd_verify)
     return parser
 
 

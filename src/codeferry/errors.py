@@ -37,6 +37,8 @@ __all__ = [
     "RemoteCodeExecutionError",
     "WorkerError",
     "RemoteTraceback",
+    "LockFormatError",
+    "LockMismatchError",
 ]
 
 
@@ -253,3 +255,21 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return f"\n\"\"\"\n{self.tb}\"\"\""
+
+
+# -- locks ----------------------------------------------------------------------------
+
+
+class LockFormatError(CodeferryError, ValueError):
+    """A lock file is truncated, malformed, of an unknown version, or inconsistent."""
+
+
+class LockMismatchError(CodeferryError, PermissionError):
+    """Code differs from what a lock allows; ``diff`` (when known) says how."""
+
+    def __init__(
+        self, message: str, *, diff: Any = None, digest: str | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.diff = diff
+        self.digest = digest

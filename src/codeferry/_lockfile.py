@@ -1,0 +1,229 @@
+"""Lock files: the exact remote code of one model, as a reviewable, diffable text file.
+
+Format, version 1 (one record per line, fields separated by one space, a path is the
+rest of its line, ``-`` stands for "none", lines sorted within each kind)::
+
+    # codeferry lock file: the exact remote code a model may run. Regenerate: ...
+    codeferry-lock 1
+    model org/name
+    revision 0123456789abcdef0123456789abcdef01234567
+    digest sha256:<64 hex>
+    pin org/other 89abcdef...                      (one per cross-repo unit)
+    file - <sha256 hex> <size> configuration_x.py  (repo "-": the model's own code)
+    file org/other <sha256 hex> <size> modeling_heads.py
+    requirement torch required                     ("guarded": its imports handle absence)
+    end
+
+``digest`` is the bundle digest ``codeferry inspect`` prints; it is recomputed from the
+``file`` lines when the lock is read, so a lock whose digest does not match its own file
+list is refused, as is one without its ``end`` line (truncated) or of an unknown version.
+A lock is trust for exactly the code it lists: ``codeferry.load(model, lock=...)``
+refuses any other byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from ._resolve import Bundle
+from .errors import LockFormatError, LockMismatchError
+
+__all__ = ["FORMAT_VERSION", "Lock", "LockedFile", "LockDiff", "read_lock", "unit_digests"]
+
+FORMAT_VERSION = 1
+_HEADER = "# codeferry lock file: the exact remote code a model may run. Regenerate: codeferry lock MODEL -o FILE"
+
+
+@dataclass(frozen=True)
+class LockedFile:
+    repo: str | None
+    path: str
+    sha256: str
+    size: int
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.repo or "", self.path)
+
+
+@dataclass(frozen=True)
+class LockDiff:
+    """How a model's code differs from a lock (empty lists: identical)."""
+
+    added: tuple[LockedFile, ...]
+    removed: tuple[LockedFile, ...]
+    changed: tuple[tuple[LockedFile, LockedFile], ...]  # (expected, actual)
+
+    @property
+    def same(self) -> bool:
+        return not (self.added or self.removed or self.changed)
+
+    def lines(self) -> list[str]:
+        def name(f: LockedFile) -> str:
+            return f"{f.repo}--{f.path}" if f.repo else f.path
+
+        out = [f"added    {name(f)}  sha256:{f.sha256}" for f in self.added]
+        out += [f"removed  {name(f)}  sha256:{f.sha256}" for f in self.removed]
+        out += [
+            f"changed  {name(e)}  expected sha256:{e.sha256}  actual sha256:{a.sha256}"
+            for e, a in self.changed
+        ]
+        return out
+
+
+def bundle_digest(files: list[LockedFile]) -> str:
+    """The bundle digest over (repo, path, sha256): the same formula as ``resolve``."""
+    ordered = sorted(files, key=lambda f: (f.repo or "", f.path))
+    canonical = "".join(f"{f.repo or ''}\0{f.path}\0{f.sha256}\n" for f in ordered)
+    return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def unit_digests(files: list[LockedFile]) -> set[str]:
+    """The digest of each unit (per repo) the locked files make up, as tickets name them."""
+    by_repo: dict[str | None, list[LockedFile]] = defaultdict(list)
+    for f in files:
+        by_repo[f.repo].append(f)
+    digests = set()
+    for group in by_repo.values():
+        lines = "".join(f"{f.path}\0{f.sha256}\n" for f in sorted(group, key=lambda f: f.path))
+        digests.add("sha256:" + hashlib.sha256(lines.encode("utf-8")).hexdigest())
+    return digests
+
+
+@dataclass(frozen=True)
+class Lock:
+    model: str
+    revision: str | None
+    digest: str
+    files: tuple[LockedFile, ...]
+    pins: tuple[tuple[str, str], ...] = ()
+    requirements: tuple[tuple[str, str], ...] = ()
+    source: str | None = None  # the file it was read from, for messages
+
+    @classmethod
+    def from_bundle(cls, bundle: Bundle) -> Lock:
+        src = bundle.source
+        model = src.repo_id or src.root.name
+        files = tuple(sorted((LockedFile(f.repo, f.path, f.sha256, f.size) for f in bundle.files),
+                            key=lambda f: f.key))
+        # What the code imports, not what this machine has installed: a lock is a fact
+        # about the code and reads the same on every machine.
+        reqs = tuple(sorted((r.name, "guarded" if r.guarded else "required")
+                            for r in bundle.requirements))
+        return cls(model, src.commit, bundle.digest, files, tuple(sorted(bundle.pins.items())), reqs)
+
+    def dumps(self) -> str:
+        lines = [_HEADER, f"codeferry-lock {FORMAT_VERSION}", f"model {self.model}",
+                 f"revision {self.revision or '-'}", f"digest {self.digest}"]
+        lines += [f"pin {repo} {commit}" for repo, commit in self.pins]
+        lines += [f"file {f.repo or '-'} {f.sha256} {f.size} {f.path}" for f in self.files]
+        lines += [f"requirement {name} {how}" for name, how in self.requirements]
+        lines.append("end")
+        return "\n".join(lines) + "\n"
+
+    @classmethod
+    def loads(cls, text: str, *, source: str | None = None) -> Lock:
+        def fail(line: int | None, what: str, fix: str | None = None) -> LockFormatError:
+            return LockFormatError(
+                f"lock file {what}.", path=source, line=line,
+                fix=fix or "regenerate it: `codeferry lock MODEL -o FILE`.",
+            )
+
+        rows = [(n, ln) for n, ln in enumerate(text.splitlines(), 1) if ln and not ln.startswith("#")]
+        if not rows or not rows[0][1].startswith("codeferry-lock "):
+            raise fail(rows[0][0] if rows else 1, "does not start with 'codeferry-lock <version>'")
+        version = rows[0][1].split(" ", 1)[1]
+        if version != str(FORMAT_VERSION):
+            raise fail(rows[0][0], f"has format version {version!r}; this codeferry reads "
+                       f"version {FORMAT_VERSION}", "upgrade codeferry, or regenerate the lock "
+                       "with this version: `codeferry lock MODEL -o FILE`.")
+        if rows[-1][1] != "end":
+            raise fail(rows[-1][0], "is truncated (no 'end' line)")
+        fields: dict[str, str] = {}
+        files: list[LockedFile] = []
+        pins: list[tuple[str, str]] = []
+        reqs: list[tuple[str, str]] = []
+        for number, line in rows[1:-1]:
+            kind, _, rest = line.partition(" ")
+            try:
+                if kind in ("model", "revision", "digest"):
+                    if not rest or kind in fields:
+                        raise ValueError
+                    fields[kind] = rest
+                elif kind == "file":
+                    repo, sha, size, path = rest.split(" ", 3)
+                    if len(sha) != 64 or not path:
+                        raise ValueError
+                    files.append(LockedFile(None if repo == "-" else repo, path, sha, int(size)))
+                elif kind == "pin":
+                    repo, commit = rest.split(" ")
+                    pins.append((repo, commit))
+                elif kind == "requirement":
+                    name, how = rest.split(" ")
+                    if how not in ("required", "guarded"):
+                        raise ValueError
+                    reqs.append((name, how))
+                else:
+                    raise ValueError
+            except ValueError:
+                raise fail(number, f"has a malformed line: {line[:80]!r}") from None
+        missing = {"model", "revision", "digest"} - set(fields)
+        if missing:
+            raise fail(None, f"lacks {', '.join(sorted(missing))}")
+        lock = cls(fields["model"], None if fields["revision"] == "-" else fields["revision"],
+                   fields["digest"], tuple(sorted(files, key=lambda f: f.key)), tuple(pins), tuple(reqs), source)
+        actual = bundle_digest(files)
+        if actual != lock.digest:
+            at = next(n for n, ln in rows if ln.startswith("digest "))
+            raise fail(at, f"says digest {lock.digest}, but its own file list hashes to {actual} "
+                       "(edited by hand?)")
+        return lock
+
+    def diff(self, bundle: Bundle) -> LockDiff:
+        expected = {(f.repo, f.path): f for f in self.files}
+        actual = {(f.repo, f.path): LockedFile(f.repo, f.path, f.sha256, f.size) for f in bundle.files}
+        return LockDiff(
+            added=tuple(actual[k] for k in sorted(actual.keys() - expected.keys(), key=str)),
+            removed=tuple(expected[k] for k in sorted(expected.keys() - actual.keys(), key=str)),
+            changed=tuple(
+                (expected[k], actual[k]) for k in sorted(expected.keys() & actual.keys(), key=str)
+                if expected[k].sha256 != actual[k].sha256
+            ),
+        )
+
+    def check(self, bundle: Bundle) -> None:
+        """Raise ``LockMismatchError`` unless ``bundle`` is exactly the locked code."""
+        src = bundle.source
+        if src.repo_id and "/" in self.model and src.repo_id != self.model:
+            raise LockMismatchError(
+                f"the lock is for {self.model}, not {src.repo_id}.", path=self.source,
+                fix=f"use the lock of {src.repo_id}, or create one: `codeferry lock {src.repo_id} -o FILE`.",
+            )
+        if bundle.digest == self.digest:
+            return
+        diff = self.diff(bundle)
+        raise LockMismatchError(
+            f"the code of {src.name} is not the locked code (lock digest {self.digest}, "
+            f"code digest {bundle.digest}): " + "; ".join(diff.lines()),
+            path=self.source, diff=diff,
+            fix=f"review the changes, then re-lock: `codeferry lock {src.root} -o "
+            f"{self.source or 'FILE'}`.",
+        )
+
+
+def read_lock(path: str | os.PathLike[str]) -> Lock:
+    """Read and validate a lock file."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise LockFormatError(f"lock file {file} does not exist.", path=str(file),
+                              fix="create it: `codeferry lock MODEL -o FILE`.") from None
+    except UnicodeDecodeError:
+        raise LockFormatError(f"lock file {file} is not UTF-8 text.", path=str(file),
+                              fix="regenerate it: `codeferry lock MODEL -o FILE`.") from None
+    return Lock.loads(text, source=str(file))
