@@ -53,9 +53,11 @@ def store_root() -> Path:
 
 def unit_digest(files: Mapping[str, bytes]) -> str:
     """``sha256:<hex>`` over the sorted (path, sha256) list: stable across machines."""
-    lines = "".join(
-        f"{path}\0{hashlib.sha256(files[path]).hexdigest()}\n" for path in sorted(files)
-    )
+    return _digest_of_hashes({path: hashlib.sha256(b).hexdigest() for path, b in files.items()})
+
+
+def _digest_of_hashes(hashes: Mapping[str, str]) -> str:
+    lines = "".join(f"{path}\0{hashes[path]}\n" for path in sorted(hashes))
     return "sha256:" + hashlib.sha256(lines.encode("utf-8")).hexdigest()
 
 
@@ -107,9 +109,10 @@ def read_unit(digest_or_token: str, root: Path | None = None) -> UnitData | None
     base = (root or store_root()) / "units" / token_of(digest_or_token)
     try:
         manifest = json.loads((base / "manifest.json").read_text(encoding="utf-8"))
-        files = {
-            path: (base / "files" / path).read_bytes() for path in manifest["files"]
-        }
+        listed = manifest["files"]
+        if not isinstance(listed, dict):
+            return None
+        files = {path: (base / "files" / path).read_bytes() for path in listed}
         unit = UnitData(
             manifest["digest"], files, tuple(manifest["order"]),
             frozenset(manifest["packages"]), manifest["label"],
@@ -118,7 +121,10 @@ def read_unit(digest_or_token: str, root: Path | None = None) -> UnitData | None
         return None
     if not unit.digest.removeprefix("sha256:").startswith(token_of(digest_or_token)):
         return None
-    if unit_digest(files) != unit.digest:
+    # Every file against the manifest (a manifest that lies about its files is broken
+    # too, and gets rewritten), and the whole against the digest.
+    hashes = {path: hashlib.sha256(data).hexdigest() for path, data in files.items()}
+    if hashes != listed or _digest_of_hashes(hashes) != unit.digest:
         return None
     return unit
 
@@ -141,6 +147,17 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _remove(path: Path) -> None:
+    """Remove a leftover folder, or a file or link where a folder should be; best effort."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+
 def write_unit(unit: UnitData, root: Path | None = None) -> Path:
     """Put ``unit`` in the store (verified first), unless a valid copy is there already.
 
@@ -152,6 +169,7 @@ def write_unit(unit: UnitData, root: Path | None = None) -> Path:
     final = root / "units" / unit.token
     if read_unit(unit.digest, root) is not None:
         return final / "files"
+    staging: Path | None = None
     try:
         for sub in ("units", "locks", "tmp"):
             (root / sub).mkdir(parents=True, exist_ok=True)
@@ -159,7 +177,7 @@ def write_unit(unit: UnitData, root: Path | None = None) -> Path:
             if read_unit(unit.digest, root) is not None:  # another writer finished first
                 return final / "files"
             for stale in (root / "tmp").glob(f"{unit.token}.*"):
-                shutil.rmtree(stale, ignore_errors=True)  # left by killed writers
+                _remove(stale)  # left by killed writers
             staging = root / "tmp" / f"{unit.token}.{os.getpid()}.{uuid.uuid4().hex}"
             for path, data in unit.files.items():
                 target = staging / "files" / path
@@ -172,15 +190,18 @@ def write_unit(unit: UnitData, root: Path | None = None) -> Path:
                 json.dump(_manifest(unit), handle, indent=1, sort_keys=True)
                 handle.flush()
                 os.fsync(handle.fileno())
-            if final.exists():
+            if os.path.lexists(final):  # a folder, a file, or a dangling link
                 # Left broken by a killed writer or corrupted since: move it aside whole
                 # (readers holding its files keep them), then drop it.
                 trash = root / "tmp" / f"{unit.token}.broken.{uuid.uuid4().hex}"
                 os.replace(final, trash)
-                shutil.rmtree(trash, ignore_errors=True)
+                _remove(trash)
             os.replace(staging, final)
+            staging = None
             _fsync_dir(final.parent)
     except OSError as exc:
+        if staging is not None:
+            _remove(staging)  # nothing half-written stays behind (disk full, read-only)
         raise StoreUnavailableError(
             f"cannot write the code of {unit.label} ({unit.digest}) to the codeferry store "
             f"at {root}: {exc.strerror or exc}.",
