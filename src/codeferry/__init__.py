@@ -9,8 +9,21 @@ from __future__ import annotations
 from . import errors
 from ._adopt import install
 from ._api import load
+from ._executor import Executor, Outcome
+from ._lockfile import Lock, read_lock
 from ._resolve import Bundle, resolve
 
 __version__ = "0.1.0"
 
-__all__ = ["Bundle", "errors", "install", "load", "resolve", "__version__"]
+__all__ = [
+    "Bundle",
+    "Executor",
+    "Lock",
+    "Outcome",
+    "errors",
+    "install",
+    "load",
+    "read_lock",
+    "resolve",
+    "__version__",
+]

@@ -42,7 +42,7 @@ def units_of(bundle: Bundle) -> dict[str | None, UnitData]:
     return units
 
 
-def _trust_error(bundle: Bundle) -> TrustRequiredError:
+def trust_error(bundle: Bundle) -> TrustRequiredError:
     files = tuple(
         (f"{f.repo}--" if f.repo else "") + f.path for f in bundle.files if f.kind != "asset"
     )
@@ -82,8 +82,8 @@ def load(
     if lock is not None:
         locked = lock if isinstance(lock, Lock) else read_lock(lock)
         locked.check(bundle)
-    elif not trust_remote_code:
-        raise _trust_error(bundle)
+    elif not trust_remote_code and bundle.files:
+        raise trust_error(bundle)
     units = units_of(bundle)
     _policy.allow({u.digest for u in units.values()}, from_lock=lock is not None)
     with _lock:

@@ -39,6 +39,8 @@ __all__ = [
     "RemoteTraceback",
     "LockFormatError",
     "LockMismatchError",
+    "WorkerStartupError",
+    "BatchFailedError",
 ]
 
 
@@ -273,3 +275,22 @@ class LockMismatchError(CodeferryError, PermissionError):
         super().__init__(message, **kwargs)
         self.diff = diff
         self.digest = digest
+
+
+# -- the executor ---------------------------------------------------------------------
+
+
+class WorkerStartupError(WorkerError):
+    """A worker failed its start-up handshake; the worker's traceback is the cause."""
+
+
+class BatchFailedError(CodeferryError, RuntimeError):
+    """A batch failed on every attempt; ``indices``/``inputs`` name what it held."""
+
+    def __init__(
+        self, message: str, *, indices: tuple[int, ...] = (), inputs: tuple[Any, ...] = (),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.indices = indices
+        self.inputs = inputs

@@ -1,0 +1,376 @@
+"""The executor: batch inference of one model across worker processes that survive crashes.
+
+::
+
+    caller thread                         worker processes (spawn by default)
+    ─────────────                         ───────────────────────────────────
+    generate/embed/score(inputs)          worker_main: codeferry.load(model) itself,
+      │ split into batches                 builds the model, then serves requests
+      ▼
+    _Scheduler ── pipe per worker ──────▶  (request_id, kind, payload)
+      ▲  wait() on every pipe AND every     │
+      │  process sentinel: a death is       ▼
+      └─ seen the moment it happens ◀───── (request_id, "ok"|"error", ...)
+
+Every batch is in flight on at most one worker. When a worker's process dies (an
+``os._exit``, SIGKILL, a segfault) the scheduler sees its sentinel, starts a
+replacement and sends the batch again; a batch whose model raised is sent again too.
+After ``max_retries`` further attempts the batch fails with ``BatchFailedError`` naming
+its inputs; every input gets exactly one outcome. Workers start with a handshake that
+carries a start-up error back typed, with the worker's traceback as its cause.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import os
+import pickle
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any, Literal
+
+from ._lockfile import Lock, read_lock
+from ._resolve import resolve
+from ._worker import WorkerSpec, worker_main
+from .errors import BatchFailedError, RemoteTraceback, WorkerError, WorkerStartupError
+
+__all__ = ["Executor", "Outcome"]
+
+StartMethod = Literal["spawn", "forkserver", "fork"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The result for input ``index``: ``value``, or ``error`` when its batch failed."""
+
+    index: int
+    value: Any = None
+    error: BaseException | None = None
+
+
+@dataclass
+class _Batch:
+    kind: str
+    indices: list[int]
+    payload: dict[str, Any]
+    inputs: list[Any]
+    attempts: int = 0
+    last_error: BaseException | None = None
+
+
+@dataclass
+class _Worker:
+    slot: int
+    process: Any
+    conn: Connection
+    pid: int | None = None
+    batch: _Batch | None = None
+    request: int | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def _remote_error(payload: tuple[bytes | None, str, str], worker: int) -> BaseException:
+    blob, tb, text = payload
+    exc: BaseException | None = None
+    if blob is not None:
+        try:
+            exc = pickle.loads(blob)
+        except Exception:  # noqa: BLE001 - fall back to the text
+            exc = None
+    if exc is None:
+        exc = WorkerError(f"worker {worker} raised {text}", worker=worker)
+    exc.__cause__ = RemoteTraceback(tb)
+    return exc
+
+
+class Executor:
+    """Batch inference of ``model`` on ``workers`` processes; a context manager.
+
+    ``model`` is a folder or a cached repo id, remote code or not. Remote code runs only
+    with ``trust_remote_code=True`` or a ``lock``, in the parent's decision and again in
+    each worker, which loads and verifies the code itself.
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str],
+        *,
+        workers: int = 2,
+        start_method: StartMethod = "spawn",
+        device: str = "cpu",
+        dtype: str | None = None,
+        trust_remote_code: bool = False,
+        lock: Lock | str | os.PathLike[str] | None = None,
+        revision: str | None = None,
+        batch_size: int = 8,
+        max_retries: int = 2,
+        threads_per_worker: int | None = None,
+        preload: Sequence[str] = ("generate",),
+        startup_timeout: float = 600.0,
+    ) -> None:
+        if workers < 1:
+            raise ValueError("workers must be at least 1")
+        bundle = resolve(model, revision=revision)
+        bundle.check()
+        locked = lock if isinstance(lock, Lock) or lock is None else read_lock(lock)
+        if locked is not None:
+            locked.check(bundle)
+        elif bundle.files and not trust_remote_code:
+            from ._api import trust_error
+
+            raise trust_error(bundle)
+        self.model = str(bundle.source.root)
+        self.batch_size = batch_size
+        self.max_retries = max_retries
+        self.startup_timeout = startup_timeout
+        self._ctx: Any = mp.get_context(start_method)
+        threads = threads_per_worker or max(1, (os.cpu_count() or 1) // workers)
+        self._specs = [
+            WorkerSpec(self.model, revision, trust_remote_code, locked,
+                       _device_for(device, slot), dtype, threads, tuple(preload))
+            for slot in range(workers)
+        ]
+        self._workers: list[_Worker | None] = [None] * workers
+        self._requests = itertools.count()
+        self._closed = False
+        try:
+            for slot in range(workers):
+                self._start(slot, wait_ready=False)
+            for slot in range(workers):
+                self._handshake(slot)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def _start(self, slot: int, *, wait_ready: bool = True) -> None:
+        parent_end, child_end = self._ctx.Pipe()
+        proc = self._ctx.Process(
+            target=worker_main, args=(self._specs[slot], child_end, os.getpid()),
+            name=f"codeferry-worker-{slot}", daemon=True,
+        )
+        proc.start()
+        child_end.close()
+        self._workers[slot] = _Worker(slot, proc, parent_end)
+        if wait_ready:
+            self._handshake(slot)
+
+    def _handshake(self, slot: int) -> None:
+        worker = self._workers[slot]
+        assert worker is not None
+        deadline = time.monotonic() + self.startup_timeout
+        ready = wait([worker.conn, worker.process.sentinel], timeout=self.startup_timeout)
+        message = None
+        if worker.conn in ready or worker.conn.poll(0):
+            try:
+                message = worker.conn.recv()
+            except (EOFError, OSError):
+                message = None
+        if message is not None and message[0] == "ready":
+            _, worker.pid, worker.info = message
+            return
+        if message is not None and message[0] == "failed":
+            cause = _remote_error(message[2], slot)
+            raise WorkerStartupError(
+                f"worker {slot} could not start: {type(cause).__name__}: {cause}",
+                worker=slot, fix="the cause above is the worker's own traceback.",
+            ) from cause
+        worker.process.join(max(0.0, min(5.0, deadline - time.monotonic())))
+        how = "timed out" if worker.process.exitcode is None else (
+            f"died with exit code {worker.process.exitcode}")
+        raise WorkerStartupError(f"worker {slot} {how} while starting.", worker=slot,
+                                 fix="run `codeferry doctor MODEL` to see each worker's error.")
+
+    def close(self) -> None:
+        """Stop every worker; kill those that do not stop within a few seconds."""
+        if self._closed:
+            return
+        self._closed = True
+        for worker in self._workers:
+            if worker is None:
+                continue
+            try:
+                worker.conn.send((None, "stop", None))
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + 5
+        for worker in self._workers:
+            if worker is None:
+                continue
+            worker.process.join(max(0.0, deadline - time.monotonic()))
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join(5)
+            worker.conn.close()
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    @property
+    def pids(self) -> list[int | None]:
+        return [w.pid if w else None for w in self._workers]
+
+    # -- scheduling -----------------------------------------------------------------------
+
+    def _replace(self, slot: int) -> None:
+        old = self._workers[slot]
+        if old is not None:
+            old.conn.close()
+            old.process.join(1)
+        self._start(slot)
+
+    def _run(self, batches: Iterable[_Batch]) -> Iterator[Outcome]:
+        if self._closed:
+            raise RuntimeError("this executor is closed")
+        pending = deque(batches)
+        busy: dict[int, _Worker] = {}
+        while pending or busy:
+            for worker in self._workers:
+                if pending and worker is not None and worker.slot not in busy:
+                    job = pending.popleft()
+                    worker.batch, worker.request = job, next(self._requests)
+                    job.attempts += 1
+                    try:
+                        worker.conn.send((worker.request, job.kind, job.payload))
+                    except (OSError, ValueError):
+                        pass  # a dead worker: its sentinel fires below
+                    busy[worker.slot] = worker
+            waitables: list[Any] = []
+            watched = list(busy.values())
+            for worker in watched:
+                waitables += [worker.conn, worker.process.sentinel]
+            for ready in wait(waitables):
+                worker = next(w for w in watched if ready is w.conn or ready == w.process.sentinel)
+                if worker.slot not in busy:
+                    continue  # its pipe and its sentinel were both ready: handled
+                batch = worker.batch
+                assert batch is not None
+                message = None
+                if ready is worker.conn or worker.conn.poll(0):
+                    try:
+                        message = worker.conn.recv()
+                    except (EOFError, OSError):
+                        message = None
+                if message is not None and message[0] != worker.request:
+                    continue  # the reply to a request whose iterator was abandoned
+                if message is not None:
+                    del busy[worker.slot]
+                    worker.batch = None
+                    if message[1] == "ok":
+                        for index, value in zip(batch.indices, message[2]):
+                            yield Outcome(index, value)
+                        continue
+                    batch.last_error = _remote_error(message[2], worker.slot)
+                else:
+                    # The process died with the batch in flight: replace it.
+                    del busy[worker.slot]
+                    worker.process.join(1)
+                    code = worker.process.exitcode
+                    batch.last_error = WorkerError(
+                        f"worker {worker.slot} (pid {worker.pid}) died with exit code {code} "
+                        "while running a batch.", worker=worker.slot)
+                    self._replace(worker.slot)
+                if batch.attempts > self.max_retries:
+                    failure = BatchFailedError(
+                        f"a batch of {len(batch.indices)} inputs failed {batch.attempts} times; "
+                        f"inputs {batch.indices}: {batch.last_error}",
+                        indices=tuple(batch.indices), inputs=tuple(batch.inputs),
+                        fix="the cause is the last attempt's error; inputs that crash the model "
+                        "can be isolated with batch_size=1.",
+                    )
+                    failure.__cause__ = batch.last_error
+                    for index in batch.indices:
+                        yield Outcome(index, error=failure)
+                else:
+                    pending.appendleft(batch)
+
+    def _batches(self, kind: str, inputs: Sequence[Any], extra: dict[str, Any],
+                 batch_size: int | None) -> list[_Batch]:
+        size = batch_size or self.batch_size
+        return [
+            _Batch(kind, list(range(start, min(start + size, len(inputs)))),
+                   {"texts": list(inputs[start:start + size]), **extra},
+                   list(inputs[start:start + size]))
+            for start in range(0, len(inputs), size)
+        ]
+
+    def _collect(self, outcomes: Iterator[Outcome], n: int) -> list[Any]:
+        results: list[Any] = [None] * n
+        failed: list[Outcome] = []
+        for outcome in outcomes:
+            if outcome.error is not None:
+                failed.append(outcome)
+            results[outcome.index] = outcome.value
+        if failed:
+            raise failed[0].error  # type: ignore[misc]
+        return results
+
+    # -- the API --------------------------------------------------------------------------
+
+    def generate_iter(self, prompts: Sequence[str], *, batch_size: int | None = None,
+                      **options: Any) -> Iterator[Outcome]:
+        """Generated texts as they complete (any order); see ``Outcome``."""
+        return self._run(self._batches("generate", prompts, {"options": options}, batch_size))
+
+    def generate(self, prompts: Sequence[str], *, batch_size: int | None = None,
+                 **options: Any) -> list[str]:
+        """Greedy by default (``do_sample=False``); ``options`` go to ``model.generate``."""
+        return self._collect(self.generate_iter(prompts, batch_size=batch_size, **options),
+                             len(prompts))
+
+    def embed_iter(self, texts: Sequence[str], *, pooling: str = "mean",
+                   batch_size: int | None = None) -> Iterator[Outcome]:
+        return self._run(self._batches("embed", texts, {"pooling": pooling}, batch_size))
+
+    def embed(self, texts: Sequence[str], *, pooling: str = "mean",
+              batch_size: int | None = None) -> list[list[float]]:
+        """One vector per text: ``mean`` (attention-masked), ``cls`` or ``last`` pooling."""
+        return self._collect(self.embed_iter(texts, pooling=pooling, batch_size=batch_size),
+                             len(texts))
+
+    def score_iter(self, texts: Sequence[str], *, batch_size: int | None = None) -> Iterator[Outcome]:
+        return self._run(self._batches("score", texts, {}, batch_size))
+
+    def score(self, texts: Sequence[str], *, batch_size: int | None = None) -> list[dict[str, Any]]:
+        """Per text: ``tokens``, ``token_logprobs`` (of each token after the first), ``logprob``."""
+        return self._collect(self.score_iter(texts, batch_size=batch_size), len(texts))
+
+    def collective_rpc(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        """Run ``func(worker, *args, **kwargs)`` on every worker; one result per worker.
+
+        For control messages only. ``func`` must be importable by name (a module-level
+        function); ``worker`` exposes ``models``, ``tokenizer``, ``classes`` and ``spec``.
+        """
+        results: list[Any] = []
+        for worker in self._workers:
+            assert worker is not None
+            request = next(self._requests)
+            worker.conn.send((request, "rpc", (func, args, kwargs)))
+            reply = worker.conn.recv()
+            if reply[1] == "error":
+                raise _remote_error(reply[2], worker.slot)
+            results.append(reply[2])
+        return results
+
+
+def _device_for(device: str, slot: int) -> str:
+    if device == "cuda":
+        import torch
+
+        count = torch.cuda.device_count()
+        return f"cuda:{slot % count}" if count else "cpu"
+    return device

@@ -1,0 +1,187 @@
+"""What runs inside an executor worker: load the code, build the model, serve batches.
+
+A worker is started with everything it needs as plain arguments (model, trust or lock,
+device, dtype, threads). It loads the remote code itself, through ``codeferry.load``:
+nothing it inherited (from a fork, a preloaded zygote) is trusted to mean the code is
+there. It then answers one message per request on its pipe::
+
+    parent -> worker   (request_id, kind, payload)     kind: generate|embed|score|rpc|stop
+    worker -> parent   (request_id, "ok", result) | (request_id, "error", (blob, tb, text))
+
+and a first ``("ready", pid, info)`` or ``("failed", ...)``: the start-up handshake. A
+thread watches the parent: if it dies, the worker exits at once, busy or not, so a
+killed parent leaves no orphan behind.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+__all__ = ["WorkerSpec", "worker_main"]
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    model: str
+    revision: str | None
+    trust_remote_code: bool
+    lock: Any  # codeferry._lockfile.Lock | None
+    device: str
+    dtype: str | None
+    threads: int
+    preload: tuple[str, ...]
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while True:
+        time.sleep(0.2)
+        if os.getppid() != parent_pid:
+            os._exit(0)  # orphaned: leave now, whatever we were doing
+
+
+def _error_payload(exc: BaseException) -> tuple[bytes | None, str, str]:
+    text = traceback.format_exc()
+    try:
+        blob = pickle.dumps(exc)
+        pickle.loads(blob)
+    except Exception:  # noqa: BLE001 - an unpicklable error still travels as text
+        blob = None
+    return blob, text, f"{type(exc).__name__}: {exc}"
+
+
+class _Engine:
+    """The models of one worker, built on first use of each kind of request."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        import torch
+
+        from . import load
+        from transformers import AutoTokenizer
+
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # load reports of heads a task does not use
+        torch.set_num_threads(max(1, spec.threads))
+        self.spec = spec
+        self.classes = load(spec.model, trust_remote_code=spec.trust_remote_code,
+                            revision=spec.revision, lock=spec.lock)
+        self.tokenizer = AutoTokenizer.from_pretrained(spec.model, revision=spec.revision)
+        if self.tokenizer.pad_token is None:
+            fallback = self.tokenizer.eos_token or self.tokenizer.unk_token
+            if fallback is not None:
+                self.tokenizer.pad_token = fallback
+        self.models: dict[str, Any] = {}
+        for kind in spec.preload:
+            self.model_for(kind)
+
+    def model_for(self, kind: str) -> Any:
+        import torch
+        from transformers import AutoModel, AutoModelForCausalLM
+
+        auto = AutoModel if kind == "embed" else AutoModelForCausalLM
+        key = auto.__name__
+        if key not in self.models:
+            dtype = getattr(torch, self.spec.dtype) if self.spec.dtype else None
+            model: Any = auto.from_pretrained(self.spec.model, revision=self.spec.revision,
+                                              dtype=dtype)
+            self.models[key] = model.to(self.spec.device).eval()
+        return self.models[key]
+
+    def _encode(self, texts: list[str], *, left: bool) -> Any:
+        self.tokenizer.padding_side = "left" if left else "right"
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True)
+        return {k: v.to(self.spec.device) for k, v in enc.items()}
+
+    def generate(self, texts: list[str], options: dict[str, Any]) -> list[str]:
+        import torch
+
+        model = self.model_for("generate")
+        enc = self._encode(texts, left=True)
+        options = {"do_sample": False, "max_new_tokens": 16, **options}
+        if self.tokenizer.pad_token_id is not None:
+            options.setdefault("pad_token_id", self.tokenizer.pad_token_id)
+        with torch.inference_mode():
+            out = model.generate(**enc, **options)
+        new = out[:, enc["input_ids"].shape[1]:]
+        return [str(self.tokenizer.decode(row, skip_special_tokens=True)) for row in new]
+
+    def embed(self, texts: list[str], pooling: str) -> list[list[float]]:
+        import torch
+
+        model = self.model_for("embed")
+        enc = self._encode(texts, left=False)
+        with torch.inference_mode():
+            hidden = model(**enc).last_hidden_state
+        mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        if pooling == "mean":
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+        elif pooling == "cls":
+            pooled = hidden[:, 0]
+        elif pooling == "last":
+            last = enc["attention_mask"].sum(1) - 1
+            pooled = hidden[torch.arange(hidden.shape[0]), last]
+        else:
+            raise ValueError(f"unknown pooling {pooling!r}: use 'mean', 'cls' or 'last'")
+        return [row.float().tolist() for row in pooled]
+
+    def score(self, texts: list[str]) -> list[dict[str, Any]]:
+        import torch
+
+        model = self.model_for("score")
+        enc = self._encode(texts, left=False)
+        with torch.inference_mode():
+            logits = model(**enc).logits.float()
+        logprobs = torch.log_softmax(logits[:, :-1], dim=-1)
+        targets = enc["input_ids"][:, 1:]
+        picked = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        mask = enc["attention_mask"][:, 1:].bool()
+        results = []
+        for row in range(len(texts)):
+            ids = targets[row][mask[row]].tolist()
+            values = picked[row][mask[row]].tolist()
+            results.append({
+                "tokens": self.tokenizer.convert_ids_to_tokens(ids),
+                "token_logprobs": values,
+                "logprob": float(sum(values)),
+            })
+        return results
+
+
+def worker_main(spec: WorkerSpec, conn: Connection, parent_pid: int) -> None:
+    """Entry point of a worker process."""
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    try:
+        engine = _Engine(spec)
+    except BaseException as exc:  # noqa: BLE001 - the handshake carries it to the parent
+        conn.send(("failed", os.getpid(), _error_payload(exc)))
+        return
+    conn.send(("ready", os.getpid(), {"classes": sorted(engine.classes)}))
+    while True:
+        try:
+            request_id, kind, payload = conn.recv()
+        except (EOFError, OSError):
+            return  # the parent closed our pipe: shut down
+        if kind == "stop":
+            return
+        try:
+            if kind == "generate":
+                result: Any = engine.generate(payload["texts"], payload["options"])
+            elif kind == "embed":
+                result = engine.embed(payload["texts"], payload["pooling"])
+            elif kind == "score":
+                result = engine.score(payload["texts"])
+            elif kind == "rpc":
+                func, args, kwargs = payload
+                result = func(engine, *args, **kwargs)
+            else:
+                raise ValueError(f"unknown request {kind!r}")
+            conn.send((request_id, "ok", result))
+        except BaseException as exc:  # noqa: BLE001 - reported, the worker lives on
+            conn.send((request_id, "error", _error_payload(exc)))

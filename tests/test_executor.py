@@ -1,0 +1,215 @@
+"""The executor: results in order, iterators, collective_rpc, a crash-case table, no orphans."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import codeferry
+from codeferry.errors import BatchFailedError, TrustRequiredError, WorkerStartupError
+from codeferry.testing import ModelSpec, write_model
+
+CRASHING_FORWARD = '''
+
+import json as _json
+import os as _os
+
+
+def _maybe_crash(input_ids):
+    plan_path = _os.environ.get("CODEFERRY_TEST_CRASH_PLAN")
+    if not plan_path or not _os.path.exists(plan_path) or input_ids is None:
+        return
+    plan = _json.load(open(plan_path))
+    if plan["token"] not in input_ids.tolist()[0]:
+        return
+    count_path = plan_path + ".count"
+    count = int(open(count_path).read()) if _os.path.exists(count_path) else 0
+    if count >= plan["times"]:
+        return
+    open(count_path, "w").write(str(count + 1))
+    kind = plan["kind"]
+    if kind == "raise":
+        raise RuntimeError("the model raised on purpose")
+    if kind == "exit":
+        _os._exit(3)
+    if kind == "kill":
+        _os.kill(_os.getpid(), 9)
+    if kind == "segv":
+        import ctypes
+
+        ctypes.string_at(0)
+
+
+_original_forward = {cls}.forward
+
+
+def _forward(self, input_ids=None, **kwargs):
+    _maybe_crash(input_ids)
+    return _original_forward(self, input_ids=input_ids, **kwargs)
+
+
+{cls}.forward = _forward
+'''
+
+PROMPTS = ["abc", "hello", "zzz crash here", "tiny model", "one more", "last"]
+
+
+def crash_model(root: Path) -> Path:
+    path = write_model(root / "crashy", ModelSpec(name="crashy", tokenizer=True))
+    modeling = path / "modeling_crashy.py"
+    modeling.write_text(modeling.read_text() + CRASHING_FORWARD.format(cls="CrashyForCausalLM"))
+    return path
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    path = tmp_path_factory.mktemp("plan") / "plan.json"
+    os.environ["CODEFERRY_TEST_CRASH_PLAN"] = str(path)
+    yield path
+    os.environ.pop("CODEFERRY_TEST_CRASH_PLAN", None)
+
+
+@pytest.fixture(scope="module")
+def executor(tmp_path_factory: pytest.TempPathFactory, plan: Path) -> Iterator[codeferry.Executor]:
+    path = crash_model(tmp_path_factory.mktemp("models"))
+    with codeferry.Executor(path, workers=2, start_method="fork", trust_remote_code=True,
+                            batch_size=2, max_retries=2) as ex:
+        yield ex
+
+
+def set_plan(plan: Path, kind: str | None, times: int, token: int) -> None:
+    Path(str(plan) + ".count").unlink(missing_ok=True)
+    if kind is None:
+        plan.unlink(missing_ok=True)
+    else:
+        plan.write_text(json.dumps({"kind": kind, "times": times, "token": token}))
+
+
+def z_token(ex: codeferry.Executor) -> int:
+    return int(ex.collective_rpc(token_of_z)[0])
+
+
+def token_of_z(worker: Any) -> int:
+    return int(worker.tokenizer.convert_tokens_to_ids("z"))
+
+
+def worker_pid(worker: Any) -> int:
+    return os.getpid()
+
+
+def test_results_in_input_order_and_iterators(executor: codeferry.Executor, plan: Path) -> None:
+    set_plan(plan, None, 0, 0)
+    texts = executor.generate(PROMPTS, max_new_tokens=4)
+    assert len(texts) == len(PROMPTS) and all(isinstance(t, str) for t in texts)
+    # same inputs, one at a time: batching and workers change nothing (greedy)
+    assert executor.generate(PROMPTS, max_new_tokens=4, batch_size=1) == texts
+    outcomes = list(executor.generate_iter(PROMPTS, max_new_tokens=4))
+    assert sorted(o.index for o in outcomes) == list(range(len(PROMPTS)))
+    assert {o.index: o.value for o in outcomes} == dict(enumerate(texts))
+    scores = executor.score(PROMPTS[:2])
+    assert len(scores[0]["token_logprobs"]) == len(scores[0]["tokens"])
+    assert scores[0]["logprob"] == pytest.approx(sum(scores[0]["token_logprobs"]))
+    assert all(lp <= 0 for lp in scores[0]["token_logprobs"])
+    vectors = executor.embed(PROMPTS, pooling="mean")
+    assert len(vectors) == len(PROMPTS) and len({len(v) for v in vectors}) == 1
+    assert len(set(executor.collective_rpc(worker_pid))) == 2
+
+
+CRASHES = [
+    # kind,  times, outcome
+    ("raise", 1, "recovers"),
+    ("exit", 1, "recovers"),
+    ("kill", 1, "recovers"),
+    ("segv", 1, "recovers"),
+    ("raise", 99, "fails"),
+    ("kill", 99, "fails"),
+]
+
+
+@pytest.mark.parametrize("kind, times, outcome", CRASHES)
+def test_crash_table(executor: codeferry.Executor, plan: Path, kind: str, times: int,
+                     outcome: str) -> None:
+    set_plan(plan, None, 0, 0)
+    expected = executor.generate(PROMPTS, max_new_tokens=3)
+    set_plan(plan, kind, times, z_token(executor))
+    pids_before = set(executor.pids)
+    outcomes = list(executor.generate_iter(PROMPTS, max_new_tokens=3))
+    # every input exactly one outcome
+    assert sorted(o.index for o in outcomes) == list(range(len(PROMPTS)))
+    crashed = PROMPTS.index("zzz crash here")
+    batch = {crashed - crashed % 2, crashed - crashed % 2 + 1}
+    for o in outcomes:
+        if outcome == "fails" and o.index in batch:
+            assert isinstance(o.error, BatchFailedError)
+            assert set(o.error.indices) == batch and "zzz crash here" in o.error.inputs
+            assert o.error.__cause__ is not None
+        else:
+            assert o.error is None and o.value == expected[o.index]
+    if kind in ("exit", "kill", "segv"):
+        assert set(executor.pids) != pids_before  # the dead worker was replaced
+    if outcome == "fails":
+        with pytest.raises(BatchFailedError):
+            set_plan(plan, kind, times, z_token(executor))
+            executor.generate(PROMPTS, max_new_tokens=3)
+    set_plan(plan, None, 0, 0)
+
+
+def test_trust_is_required(tmp_path: Path) -> None:
+    with pytest.raises(TrustRequiredError):
+        codeferry.Executor(crash_model(tmp_path), workers=1)
+
+
+def test_startup_error_arrives_typed_with_the_workers_traceback(tmp_path: Path) -> None:
+    path = crash_model(tmp_path)
+    modeling = path / "modeling_crashy.py"
+    modeling.write_text(modeling.read_text() + "\nimport multiprocessing\n"
+                        "if multiprocessing.parent_process():\n    raise ImportError('no gpu here')\n")
+    with pytest.raises(WorkerStartupError) as info:
+        codeferry.Executor(path, workers=1, start_method="fork", trust_remote_code=True)
+    assert "no gpu here" in str(info.value.__cause__.__cause__)
+
+
+ORPHAN_SCRIPT = """
+import sys, codeferry
+ex = codeferry.Executor(sys.argv[1], workers=2, start_method=sys.argv[2], trust_remote_code=True)
+print(" ".join(str(p) for p in ex.pids), flush=True)
+import time
+time.sleep(600)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie waiting for its reaper is gone for our purpose
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_killing_the_parent_leaves_no_orphan(tmp_path: Path, method: str) -> None:
+    path = crash_model(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-c", ORPHAN_SCRIPT, str(path), method],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    assert len(pids) == 2 and all(alive(p) for p in pids)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    deadline = time.monotonic() + 15
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(alive(p) for p in pids)
