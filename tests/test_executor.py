@@ -213,3 +213,39 @@ def test_killing_the_parent_leaves_no_orphan(tmp_path: Path, method: str) -> Non
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(alive(p) for p in pids)
+
+
+def worker_facts(worker: Any) -> dict[str, Any]:
+    import sys as _sys
+
+    config_cls = worker.classes["AutoConfig"]
+    return {
+        "ppid": os.getppid(),
+        "module_loaded_here": config_cls.__module__ in _sys.modules,
+        "config_module": config_cls.__module__,
+    }
+
+
+def test_warm_start_forks_from_a_zygote_and_still_loads_the_code_itself(
+    tmp_path: Path, plan: Path
+) -> None:
+    from codeferry._zygote import shared_zygote
+
+    set_plan(plan, None, 0, 0)
+    path = crash_model(tmp_path)
+    zygote = shared_zygote()
+    with codeferry.Executor(path, workers=2, trust_remote_code=True, warm=True,
+                            batch_size=2) as warm:
+        facts = warm.collective_rpc(worker_facts)
+        assert {f["ppid"] for f in facts} == {zygote.process.pid}
+        assert all(f["module_loaded_here"] for f in facts)
+        texts = warm.generate(PROMPTS, max_new_tokens=3)
+        # a killed warm worker is replaced by a new fork of the zygote
+        set_plan(plan, "kill", 1, z_token(warm))
+        pids = set(warm.pids)
+        assert warm.generate(PROMPTS, max_new_tokens=3) == texts
+        assert set(warm.pids) != pids
+    set_plan(plan, None, 0, 0)
+    assert zygote.alive and zygote.remote_modules() == []  # it never holds model code
+    with codeferry.Executor(path, workers=1, start_method="fork", trust_remote_code=True) as cold:
+        assert cold.generate(PROMPTS, max_new_tokens=3) == texts

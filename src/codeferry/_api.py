@@ -77,7 +77,7 @@ def load(
     of a lock file) that lists exactly this code; once a lock was used in a process, that
     process runs (and accepts from other processes) only code some lock of it lists.
     """
-    bundle = resolve(model, revision=revision)
+    bundle = resolve(model, revision=revision, requirements=False)
     bundle.check()
     if lock is not None:
         locked = lock if isinstance(lock, Lock) else read_lock(lock)

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import io
 import json
 import os
 import sys
+import tokenize
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +47,7 @@ from .errors import (
     ProblemsFound,
     SourceDecodeError,
     SourceSyntaxError,
+    SourceTooDeepError,
     UnsafePathError,
 )
 
@@ -154,6 +157,27 @@ def _display(unit: Unit, rel: str) -> str:
     return str(unit.source.root / rel)
 
 
+def _busiest_line(text: str) -> int:
+    """The line with the most tokens: where a too deeply nested expression sits."""
+    counts: dict[int, int] = {}
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            counts[token.start[0]] = counts.get(token.start[0], 0) + 1
+    except (tokenize.TokenError, SyntaxError, RecursionError, MemoryError):
+        pass
+    if not counts:
+        lines = text.splitlines() or [""]
+        return max(range(len(lines)), key=lambda i: len(lines[i])) + 1
+    return max(counts, key=lambda line: counts[line])
+
+
+def _too_deep(unit: Unit, rel: str, line: int, consequence: str) -> SourceTooDeepError:
+    return SourceTooDeepError(
+        f"{rel} nests code too deeply: {consequence}.", path=_display(unit, rel), line=line,
+        fix="split that expression into smaller ones (intermediate variables, or a loop).",
+    )
+
+
 def _load_json(path: Path) -> tuple[Any, str]:
     try:
         text = path.read_text(encoding="utf-8")
@@ -168,6 +192,12 @@ def _load_json(path: Path) -> tuple[Any, str]:
         raise InvalidConfigError(
             f"{path.name} is not valid JSON: {exc.msg}.", path=str(path), line=exc.lineno,
             col=exc.colno, fix=f"correct {path.name} at that position (a JSON linter shows it).",
+        ) from None
+    except (ValueError, RecursionError) as exc:  # a number too long, nesting too deep
+        why = "it nests arrays or objects too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise InvalidConfigError(
+            f"{path.name} cannot be read as JSON: {why}.", path=str(path),
+            fix=f"correct {path.name}; no model config needs such values.",
         ) from None
 
 
@@ -270,7 +300,14 @@ class _Resolver:
                 line=exc.lineno, col=exc.offset, fix=f"correct the syntax of {rel} at that position.",
             ))
             return module
-        scan = _graph.scan(tree)
+        except (RecursionError, MemoryError):  # the parser's own stack ran out
+            self.problems.append(_too_deep(unit, rel, _busiest_line(text), "Python cannot compile it"))
+            return module
+        try:
+            scan = _graph.scan(tree)
+        except _graph.NestingTooDeep as exc:
+            self.problems.append(_too_deep(unit, rel, exc.line, "codeferry cannot analyse it"))
+            return module
         unit.scans[name] = scan
         self.walk_imports(unit, module, scan)
         self.find_assets(unit, module, scan)
@@ -378,8 +415,13 @@ def resolve(
     *,
     revision: str | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
+    requirements: bool = True,
 ) -> Bundle:
     """Resolve ``model`` (a folder, or a repo id in the local hub cache) without executing it.
+
+    ``requirements=False`` skips the third-party package report (installed versions come
+    from scanning every installed distribution, a third of a second): loaders do not
+    need it.
 
     Raises a ``codeferry.errors`` error for input that cannot be analysed at all;
     everything else is reported in ``Bundle.problems``.
@@ -430,7 +472,7 @@ def resolve(
         for unit in resolver.units.values()
         for name, scan in unit.scans.items()
     ]
-    requirements = collect_requirements(scans, skip=resolver.siblings)
+    found_requirements = collect_requirements(scans, skip=resolver.siblings) if requirements else []
     located = [
         (str(unit.source.root / unit.modules[name].path), scan)
         for unit in resolver.units.values()
@@ -444,7 +486,7 @@ def resolve(
         modules=tuple(sorted(modules, key=lambda m: m.qualified)),
         load_order=tuple(order),
         edges=tuple(sorted(resolver.edges | {(a, b, False) for a, b in resolver.parent_edges})),
-        requirements=tuple(requirements),
+        requirements=tuple(found_requirements),
         problems=tuple(problems),
         digest=digest,
         pins=dict(resolver.pins),
