@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import threading
 import time
 import traceback
@@ -156,6 +157,8 @@ class _Engine:
 
 def worker_main(spec: WorkerSpec, conn: Connection, parent_pid: int) -> None:
     """Entry point of a worker process."""
+    # Ctrl-C reaches the whole process group: the parent decides what stops, and how.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     try:
         engine = _Engine(spec)

@@ -1,0 +1,570 @@
+"""``codeferry run``: batch inference from an input file to a resumable JSONL output file.
+
+Input (UTF-8, one input per line; blank lines are skipped):
+
+* a JSON object ``{"id": ..., "prompt": "..."}`` (``"text"`` is accepted for every task too;
+  ``generate``/``score`` prefer ``"prompt"``, ``embed`` prefers ``"text"``). ``id`` is a
+  non-empty string or an integer; other keys are ignored. A line is read as JSON when its
+  first non-blank character is ``{``;
+* any other line is plain text, used whole (without its line ending); its ``id`` is its
+  1-based line number in the file, as an integer.
+
+Ids must be unique. Bad input raises ``InputFormatError`` naming ``file:line`` before anything
+is written.
+
+Output: one JSON object per line and per input, in input order::
+
+    generate  {"id": ..., "output": "generated text"}
+    embed     {"id": ..., "embedding": [0.1, ...]}
+    score     {"id": ..., "logprob": -9.1, "tokens": [...], "token_logprobs": [...]}
+    failed    {"id": ..., "error": "RuntimeError: ..."}   (its batch failed on every attempt)
+
+Results arrive from the executor in any order; they are buffered and each line is written
+as soon as every input before it has been written. A line is written with one ``os.write``
+of the whole line and its ``\\n`` on an ``O_APPEND`` descriptor (so a kill never leaves half
+a line behind, short of a full disk) and the file is ``fsync``'d about once a batch.
+
+Resuming: a run whose output file already holds lines skips the ids written there
+(results and errors alike) and appends the others in input order, so the file always holds
+each id at most once, in input order. A last line without its ``\\n`` (or not valid JSON) is
+cut away first. An output holding an id the input lacks, an id twice, or the results of
+another task is refused. An exclusive ``flock`` keeps two runs off one output file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing.util
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+from ._executor import Executor, Outcome
+from ._lockfile import Lock, read_lock
+from ._resolve import Bundle, resolve
+from .errors import (
+    BatchFailedError,
+    InputFormatError,
+    InputNotFoundError,
+    OutputError,
+)
+
+__all__ = [
+    "DEMO_DIGEST",
+    "TASKS",
+    "InputItem",
+    "RunResult",
+    "read_inputs",
+    "run",
+]
+
+#: Digest of the code of the bundled demo model (``codeferry/demo``), the only remote code
+#: ``codeferry run`` executes without ``--trust-remote-code`` or ``--lock``. A test checks it
+#: against the shipped demo: regenerating the demo means updating this constant.
+DEMO_DIGEST = "sha256:f1f28e68ee1e5356ef8b6c9d136a5f55a456ec2e13e7c6025902f980c2f7695a"
+
+Task = Literal["generate", "embed", "score"]
+TASKS: tuple[Task, ...] = ("generate", "embed", "score")
+#: The key an output line of each task is recognised by.
+_RESULT_KEY = {"generate": "output", "embed": "embedding", "score": "logprob"}
+#: Ids are JSON strings or integers.
+Id = str | int
+
+
+@dataclass(frozen=True)
+class InputItem:
+    """One input: its ``id``, its text, and the line of the input file it came from."""
+
+    id: Id
+    text: str
+    line: int
+
+
+@dataclass
+class RunResult:
+    """What a run did. ``failed`` counts the error lines of the whole output (this run's and
+    earlier runs'); ``skipped`` the inputs an earlier run had written already."""
+
+    total: int
+    skipped: int = 0
+    written: int = 0
+    failed: int = 0
+    output: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.skipped + self.written == self.total
+
+
+# -- input ------------------------------------------------------------------------------
+
+
+def _input_error(path: Path, line: int, message: str, fix: str) -> InputFormatError:
+    return InputFormatError(message, path=str(path), line=line, fix=fix)
+
+
+def read_inputs(path: str | os.PathLike[str], task: Task = "generate") -> list[InputItem]:
+    """Read and check an input file (see the module docstring for the format)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise InputNotFoundError(
+            f"input file {path} does not exist.", path=str(path),
+            fix="pass an existing JSONL or text file to --input.",
+        ) from None
+    except OSError as exc:
+        raise InputNotFoundError(
+            f"cannot read input file {path}: {exc.strerror or exc}.", path=str(path),
+            fix="pass a readable JSONL or text file to --input.",
+        ) from None
+    keys = ("text", "prompt") if task == "embed" else ("prompt", "text")
+    items: list[InputItem] = []
+    seen: dict[Id, int] = {}
+    for number, raw in enumerate(data.split(b"\n"), 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _input_error(path, number, f"the line is not UTF-8 (byte {exc.start + 1} of the line).",
+                               "save the file as UTF-8.") from None
+        if number == 1:
+            line = line.removeprefix("\ufeff")
+        line = line.removesuffix("\r")
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            item = _json_item(path, number, line, keys)
+        else:
+            item = InputItem(number, line, number)
+        if item.id in seen:
+            raise _input_error(
+                path, number, f"id {item.id!r} is already used on line {seen[item.id]}.",
+                "give every input a unique id (a plain text line's id is its line number).",
+            )
+        seen[item.id] = number
+        items.append(item)
+    return items
+
+
+def _json_item(path: Path, number: int, line: str, keys: tuple[str, str]) -> InputItem:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise _input_error(
+            path, number, f"invalid JSON: {exc.msg} (column {exc.colno}).",
+            'write one JSON object per line, e.g. {"id": "a1", "prompt": "Hello"}; a line '
+            "that does not start with '{' is read as plain text.",
+        ) from None
+    if not isinstance(row, dict):
+        raise _input_error(path, number, "the line is not a JSON object.",
+                           'write one JSON object per line, e.g. {"id": "a1", "prompt": "Hello"}.')
+    if "id" not in row:
+        raise _input_error(path, number, 'the object has no "id".',
+                           'add a unique "id" (a string or an integer) to every object.')
+    ident = row["id"]
+    if isinstance(ident, bool) or not isinstance(ident, (str, int)) or ident == "":
+        raise _input_error(path, number, f'"id" {json.dumps(ident)} is not a non-empty string '
+                           "or an integer.", 'make "id" a non-empty string or an integer.')
+    key = next((k for k in keys if k in row), None)
+    if key is None:
+        raise _input_error(path, number, f'the object has neither "{keys[0]}" nor "{keys[1]}".',
+                           f'add the input text as "{keys[0]}".')
+    text = row[key]
+    if not isinstance(text, str) or not text:
+        raise _input_error(path, number, f'"{key}" is not a non-empty string.',
+                           f'make "{key}" the input text.')
+    return InputItem(ident, text, number)
+
+
+# -- existing output --------------------------------------------------------------------
+
+
+@dataclass
+class _Existing:
+    ids: set[Id] = field(default_factory=set)
+    failed: int = 0
+    keep: int = 0  # bytes to keep: the end of the last complete, valid line
+    size: int = 0
+
+
+def _read_existing(data: bytes, path: Path, items: Sequence[InputItem], task: Task) -> _Existing:
+    known = {item.id for item in items}
+    state = _Existing(size=len(data))
+    lines = data.split(b"\n")
+    # A last piece without its newline is a torn line (or empty): dropped.
+    complete, start = lines[:-1], 0
+    for number, raw in enumerate(complete, 1):
+        end = start + len(raw) + 1
+        try:
+            row = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            if number == len(complete):
+                break  # a torn last line: cut away
+            raise _output_error(path, number, "is not a JSON line written by codeferry run.")
+        if not isinstance(row, dict) or "id" not in row:
+            raise _output_error(path, number, 'is not a JSON object with an "id".')
+        ident = row["id"]
+        if isinstance(ident, bool) or not isinstance(ident, (str, int)) or ident not in known:
+            raise _output_error(path, number, f"holds id {json.dumps(ident)}, which the input "
+                                "does not have: it is the output of another input file.")
+        if ident in state.ids:
+            raise _output_error(path, number, f"holds id {json.dumps(ident)} a second time.")
+        if "error" in row:
+            state.failed += 1
+        elif _RESULT_KEY[task] not in row:
+            raise _output_error(path, number, f"is not a result of --task {task} (no "
+                                f'"{_RESULT_KEY[task]}"): it was written by another task.')
+        state.ids.add(ident)
+        state.keep = start = end
+    return state
+
+
+def _output_error(path: Path, line: int, message: str) -> InputFormatError:
+    return InputFormatError(
+        f"the existing output {message}", path=str(path), line=line,
+        fix="a rerun appends to an output of the same input and task only: choose another "
+        "--output, or delete this one to start over.",
+    )
+
+
+class _Sink:
+    """Where output lines go: stdout, or an output file opened for appending."""
+
+    def __init__(self, path: Path | None, stdout: TextIO) -> None:
+        self.path = path
+        self.stdout = stdout
+        self.fd: int | None = None
+        self.created = False
+        self.unsynced = 0
+        self.synced_at = time.monotonic()
+
+    def open(self, items: Sequence[InputItem], task: Task) -> _Existing:
+        """Open and lock the file, read what it holds, cut a torn last line away."""
+        if self.path is None:
+            return _Existing()
+        path = self.path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.created = not path.exists()
+            self.fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise OutputError(f"cannot open output {path}: {exc.strerror or exc}.",
+                              path=str(path), fix="choose a writable --output file.") from None
+        # Workers forked later (start method fork, replacements of dead workers) must not
+        # keep the output open, nor its lock held, after this process is gone.
+        multiprocessing.util.register_after_fork(self, _Sink._forget)
+        try:
+            _lock_exclusive(self.fd, path)
+            chunks = []
+            while chunk := os.read(self.fd, 1 << 20):
+                chunks.append(chunk)
+            state = _read_existing(b"".join(chunks), path, items, task)
+            if state.keep < state.size:
+                os.ftruncate(self.fd, state.keep)
+                os.fsync(self.fd)
+        except BaseException:
+            self.close(discard=True)
+            raise
+        return state
+
+    def _forget(self) -> None:
+        """In a forked child: close our copy of the descriptor (the parent keeps its lock)."""
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = None
+
+    def write(self, line: bytes) -> None:
+        if self.fd is None:
+            self.stdout.write(line.decode("utf-8"))
+            self.stdout.flush()
+            return
+        try:
+            # One write of the whole line on an O_APPEND descriptor: a kill cannot cut it.
+            done = os.write(self.fd, line)
+            while done < len(line):  # only on a full disk or an odd filesystem
+                done += os.write(self.fd, line[done:])
+        except OSError as exc:
+            raise OutputError(f"cannot write output {self.path}: {exc.strerror or exc}.",
+                              path=str(self.path), fix="free space, then rerun to resume.") from None
+        self.unsynced += 1
+
+    def sync(self, every: int, *, force: bool = False) -> None:
+        if self.fd is None or not self.unsynced:
+            return
+        now = time.monotonic()
+        if force or self.unsynced >= every or now - self.synced_at >= 1.0:
+            os.fsync(self.fd)
+            self.unsynced, self.synced_at = 0, now
+
+    def close(self, *, discard: bool = False) -> None:
+        """Close; ``discard`` removes the file if this run created it and wrote nothing."""
+        if self.fd is None:
+            return
+        fd, self.fd = self.fd, None
+        try:
+            if discard and self.created and self.path is not None and os.fstat(fd).st_size == 0:
+                os.unlink(self.path)
+            elif self.unsynced:
+                os.fsync(fd)
+        finally:
+            os.close(fd)  # releases the flock
+
+
+def _lock_exclusive(fd: int, path: Path) -> None:
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no protection against a second run
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise OutputError(
+            f"output {path} is being written by another codeferry run.", path=str(path),
+            fix="wait for that run to finish (a rerun then resumes), or choose another --output.",
+        ) from None
+
+
+# -- progress ---------------------------------------------------------------------------
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+class Progress:
+    """A one-line progress bar (count, bar, percent, rate, ETA) redrawn in place on a terminal.
+
+    Disabled, every method does nothing.
+    """
+
+    def __init__(self, total: int, stream: TextIO, *, enabled: bool, interval: float = 0.1) -> None:
+        self.total = total
+        self.stream = stream
+        self.enabled = enabled
+        self.interval = interval
+        self.done = 0
+        self.started = time.monotonic()
+        self.drawn_at = 0.0
+        self.shown = False
+
+    def message(self, text: str) -> None:
+        if self.enabled:
+            self._put(text)
+
+    def start(self) -> None:
+        self.started = time.monotonic()
+        self.draw(force=True)
+
+    def advance(self, count: int = 1) -> None:
+        self.done += count
+        self.draw(force=self.done >= self.total)
+
+    def render(self, width: int) -> str:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        rate = self.done / elapsed
+        left = self.total - self.done
+        eta = _clock(left / rate) if rate > 0 else "?"
+        fraction = self.done / self.total if self.total else 1.0
+        head = f"{self.done}/{self.total} "
+        tail = f" {fraction * 100:3.0f}% {rate:.1f}/s ETA {eta}"
+        size = max(10, min(40, width - len(head) - len(tail) - 3))
+        filled = int(fraction * size)
+        return f"{head}|{'#' * filled}{'.' * (size - filled)}|{tail}"
+
+    def draw(self, *, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not force and now - self.drawn_at < self.interval:
+            return
+        self.drawn_at = now
+        self._put(self.render(shutil.get_terminal_size((80, 20)).columns))
+
+    def _put(self, text: str) -> None:
+        self.stream.write("\r\x1b[K" + text)
+        self.stream.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        """Take the bar off the screen (before other output on the same terminal)."""
+        if self.enabled and self.shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self.shown = False
+
+    def finish(self, summary: str | None = None) -> None:
+        if not self.enabled:
+            return
+        self.clear()
+        if summary:
+            self.stream.write(summary + "\n")
+            self.stream.flush()
+
+
+# -- the run ----------------------------------------------------------------------------
+
+
+def _trusted(bundle: Bundle, trust_remote_code: bool,
+             lock: Lock | str | os.PathLike[str] | None) -> tuple[bool, Lock | None]:
+    """What the executor gets: ``(trust_remote_code, lock)``; raise when code is not trusted."""
+    if lock is not None:
+        locked = lock if isinstance(lock, Lock) else read_lock(lock)
+        locked.check(bundle)
+        return False, locked
+    if trust_remote_code or not bundle.files:
+        return trust_remote_code, None
+    if bundle.digest == DEMO_DIGEST:
+        # The bundled demo: trusted as exactly this code, which every worker verifies again.
+        return False, Lock.from_bundle(bundle)
+    from ._api import trust_error
+
+    raise trust_error(bundle)
+
+
+def _line(ident: Id, task: Task, value: Any, error: BaseException | None) -> tuple[bytes, bool]:
+    row: dict[str, Any] = {"id": ident}
+    if error is not None:
+        cause = error.__cause__ if isinstance(error, BatchFailedError) else None
+        shown = cause if cause is not None else error
+        row["error"] = f"{type(shown).__name__}: {shown}".strip()
+    elif task == "generate":
+        row["output"] = value
+    elif task == "embed":
+        row["embedding"] = value
+    else:
+        row.update(logprob=value["logprob"], tokens=value["tokens"],
+                   token_logprobs=value["token_logprobs"])
+    try:
+        data = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (from a "\\ud800" in the input): escape it
+        data = (json.dumps(row) + "\n").encode("ascii")
+    return data, error is not None
+
+
+def run(
+    model: str | os.PathLike[str],
+    input_path: str | os.PathLike[str],
+    output: str | os.PathLike[str] | None = None,
+    *,
+    task: Task = "generate",
+    trust_remote_code: bool = False,
+    lock: Lock | str | os.PathLike[str] | None = None,
+    workers: int = 2,
+    start_method: Literal["spawn", "forkserver", "fork"] = "spawn",
+    batch_size: int | None = None,
+    max_new_tokens: int | None = None,
+    device: str = "cpu",
+    dtype: str | None = None,
+    pooling: str | None = None,
+    revision: str | None = None,
+    progress: bool | None = None,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> RunResult:
+    """Run ``task`` on every input of ``input_path``; write JSONL to ``output`` (``None``:
+    ``stdout``), resuming an output that already holds some ids.
+
+    ``batch_size`` defaults to 8, smaller when there are fewer than 8 inputs per worker;
+    no more workers start than there are batches. ``progress`` (default: whether ``stderr``
+    is a terminal) draws a progress bar on ``stderr``.
+    """
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+    if workers < 1 or (batch_size is not None and batch_size < 1):
+        raise ValueError("workers and batch_size must be at least 1")
+    out = sys.stdout if stdout is None else stdout
+    err = sys.stderr if stderr is None else stderr
+    show = err.isatty() if progress is None else progress
+    items = read_inputs(input_path, task)
+    bundle = resolve(model, revision=revision)
+    bundle.check()
+    trust, locked = _trusted(bundle, trust_remote_code, lock)
+
+    path = None if output is None or str(output) == "-" else Path(output)
+    sink = _Sink(path, out)
+    state = sink.open(items, task)
+    result = RunResult(total=len(items), skipped=len(state.ids), failed=state.failed,
+                       output=None if path is None else str(path))
+    remaining = [item for item in items if item.id not in state.ids]
+    bar = Progress(len(remaining), err, enabled=show)
+    try:
+        if not remaining:
+            sink.close()
+            return result
+        size = batch_size or max(1, min(8, math.ceil(len(remaining) / max(1, workers))))
+        count = max(1, min(workers, math.ceil(len(remaining) / size)))
+        if result.skipped:
+            bar.finish(f"resuming: {result.skipped} of {result.total} already in {path}")
+        bar.message(f"starting {count} worker{'s' if count > 1 else ''} ({start_method})...")
+        try:
+            executor = Executor(
+                model, workers=count, start_method=start_method, device=device,
+                dtype=dtype, trust_remote_code=trust, lock=locked, revision=revision,
+                batch_size=size, preload=(task,),
+            )
+        except BaseException:
+            sink.close(discard=True)
+            raise
+        with executor:
+            bar.start()
+            _drain(_outcomes(executor, task, [i.text for i in remaining], size, max_new_tokens,
+                             pooling), remaining, task, sink, bar, result, size)
+        sink.close()
+    except KeyboardInterrupt:
+        bar.finish()
+        if path is not None:
+            err.write(f"codeferry: interrupted after writing {result.skipped + result.written} "
+                      f"of {result.total} outputs to {path}; run the same command again to "
+                      "resume.\n")
+        raise
+    finally:
+        sink.close()
+    bar.finish(f"{result.written} written, {result.failed} failed, in "
+               f"{_clock(time.monotonic() - bar.started)}")
+    return result
+
+
+def _outcomes(executor: Executor, task: Task, texts: list[str], size: int,
+              max_new_tokens: int | None, pooling: str | None) -> Iterator[Outcome]:
+    if task == "generate":
+        options = {} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}
+        return executor.generate_iter(texts, batch_size=size, **options)
+    if task == "embed":
+        return executor.embed_iter(texts, pooling=pooling or "mean", batch_size=size)
+    return executor.score_iter(texts, batch_size=size)
+
+
+def _drain(outcomes: Iterator[Outcome], remaining: list[InputItem], task: Task, sink: _Sink,
+           bar: Progress, result: RunResult, size: int) -> None:
+    """Write outcomes (any order) in input order, each as soon as those before it are out."""
+    waiting: dict[int, tuple[bytes, bool]] = {}
+    following = 0
+    for outcome in outcomes:
+        waiting[outcome.index] = _line(remaining[outcome.index].id, task, outcome.value,
+                                       outcome.error)
+        bar.advance()
+        if following not in waiting:
+            continue
+        on_stdout = sink.fd is None
+        if on_stdout:
+            bar.clear()  # stdout may be the same terminal: lines first, then the bar again
+        while following in waiting:
+            line, failed = waiting.pop(following)
+            sink.write(line)
+            result.written += 1
+            result.failed += failed
+            following += 1
+        sink.sync(size)
+        if on_stdout:
+            bar.draw(force=True)

@@ -1,0 +1,329 @@
+"""``codeferry run``: input formats, output order and ids, each task, trust, bad input, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Workers forked from this process start in about a second when torch and transformers are
+# already imported here (instead of importing them in every worker).
+import torch  # noqa: F401
+import transformers.modeling_utils  # noqa: F401
+
+import codeferry
+from codeferry import cli
+from codeferry._run import DEMO_DIGEST, read_inputs
+from codeferry.errors import InputFormatError
+from codeferry.testing import ModelSpec, write_model
+
+DEMO = Path(cli._demo())
+
+# The slow model: sleeps CODEFERRY_TEST_SLOW seconds per forward pass, and raises on inputs
+# holding the token CODEFERRY_TEST_FAIL_TOKEN. Both are read at call time in the worker.
+PATCH = '''
+
+import os as _os
+import time as _time
+
+_original_forward = SlowyForCausalLM.forward
+
+
+def _forward(self, input_ids=None, **kwargs):
+    if _os.environ.get("CODEFERRY_TEST_SLOW"):
+        _time.sleep(float(_os.environ["CODEFERRY_TEST_SLOW"]))
+    fail = _os.environ.get("CODEFERRY_TEST_FAIL_TOKEN")
+    if fail and input_ids is not None and int(fail) in input_ids.flatten().tolist():
+        raise RuntimeError("the model raised on purpose")
+    return _original_forward(self, input_ids=input_ids, **kwargs)
+
+
+SlowyForCausalLM.forward = _forward
+'''
+
+RESUME_INPUTS = [{"id": f"r{i}", "prompt": f"prompt number {i}"} for i in range(24)]
+FAST = ["--start-method", "fork", "--workers", "1"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_load_bars() -> Any:
+    """Forked workers inherit transformers' progress-bar switch from this process."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    yield
+    if was:
+        hf_logging.enable_progress_bar()
+
+
+@pytest.fixture(autouse=True)
+def _quiet_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    monkeypatch.delenv("CODEFERRY_TEST_SLOW", raising=False)
+    monkeypatch.delenv("CODEFERRY_TEST_FAIL_TOKEN", raising=False)
+
+
+@pytest.fixture(scope="module")
+def slowy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = write_model(tmp_path_factory.mktemp("run") / "slowy", ModelSpec(name="slowy", tokenizer=True))
+    modeling = path / "modeling_slowy.py"
+    modeling.write_text(modeling.read_text() + PATCH)
+    return path
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(["run", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def resume_case(tmp_path_factory: pytest.TempPathFactory, slowy: Path) -> tuple[Path, bytes]:
+    """The resume test's input, and the output of one clean, uninterrupted run of it."""
+    root = tmp_path_factory.mktemp("resume")
+    source = write_jsonl(root / "in.jsonl", RESUME_INPUTS)
+    clean = root / "clean.jsonl"
+    assert cli.main(["run", str(slowy), "--input", str(source), "--output", str(clean),
+                     "--trust-remote-code", "--batch-size", "1", "--max-new-tokens", "3",
+                     *FAST]) == 0
+    return source, clean.read_bytes()
+
+
+def resume_argv(slowy: Path, source: Path, output: Path) -> list[str]:
+    return ["run", str(slowy), "--input", str(source), "--output", str(output),
+            "--trust-remote-code", "--batch-size", "1", "--max-new-tokens", "3", *FAST]
+
+
+# -- the demo -------------------------------------------------------------------------------
+
+
+def test_demo_digest_is_pinned() -> None:
+    """Regenerating the demo changes its digest: update DEMO_DIGEST in _run.py with it."""
+    assert codeferry.resolve(DEMO).digest == DEMO_DIGEST
+
+
+def test_no_arguments_runs_the_demo_on_its_prompts() -> None:
+    """The README's first command: demo model, bundled prompts, 2 spawn workers, JSONL out."""
+    env = {**os.environ, "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "codeferry.cli", "run"], check=False,
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [row["id"] for row in rows] == list(range(1, 9))  # plain text: id = line number
+    assert all(isinstance(row["output"], str) and set(row) == {"id", "output"} for row in rows)
+    assert proc.stderr == ""  # no progress bar in a pipe
+
+
+def test_tampered_demo_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    copy = shutil.copytree(DEMO, tmp_path / "demo")
+    modeling = copy / "modeling_charlm.py"
+    modeling.write_text(modeling.read_text() + "\nimport os  # changed\n")
+    output = tmp_path / "out.jsonl"
+    code, out, err = run_cli(capsys, str(copy), "--input", str(DEMO / "prompts.txt"),
+                             "--output", str(output))
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1 and err.startswith("codeferry: error: ")
+    assert "--trust-remote-code" in err and "modeling_charlm.py" in err
+    assert not output.exists()
+
+
+def test_embed_on_the_demo_without_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = tmp_path / "in.txt"
+    source.write_text("first line\n\n  second line\nthird\n")
+    output = tmp_path / "out.jsonl"
+    code, out, err = run_cli(capsys, str(DEMO), "--input", str(source), "--output", str(output),
+                             "--task", "embed", "--pooling", "last", *FAST)
+    assert (code, out, err) == (0, "", "")
+    rows = read_jsonl(output)
+    assert [row["id"] for row in rows] == [1, 3, 4]  # the blank line 2 is skipped
+    assert all(len(row["embedding"]) == 48 for row in rows)  # the demo's hidden size
+
+
+# -- input, order, tasks, trust ---------------------------------------------------------------
+
+
+def test_generate_mixed_input_in_input_order_with_a_failed_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], slowy: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    vocab = json.loads((slowy / "vocab.json").read_text())
+    monkeypatch.setenv("CODEFERRY_TEST_FAIL_TOKEN", str(vocab["q"]))  # "q" makes the model raise
+    source = tmp_path / "in.jsonl"
+    source.write_text(
+        '{"id": "a", "prompt": "hello there"}\n'
+        "a plain line\n"
+        "\n"
+        '{"id": 7, "text": "text key"}\n'
+        '{"id": "boom", "prompt": "quiet"}\n'
+        '{"id": "b", "prompt": "abc", "extra": 1}\n'
+        + "".join(f'{{"id": "n{i}", "prompt": "number {i}"}}\n' for i in range(6))
+    )
+    output = tmp_path / "out.jsonl"
+    code, out, err = run_cli(capsys, str(slowy), "--input", str(source), "--output", str(output),
+                             "--trust-remote-code", "--batch-size", "1", "--max-new-tokens", "2",
+                             "--start-method", "fork", "--workers", "2")
+    assert code == 1 and out == "" and err == ""  # a failed input: exit 1, quiet in a pipe
+    rows = read_jsonl(output)
+    assert [row["id"] for row in rows] == ["a", 2, 7, "boom", "b", *[f"n{i}" for i in range(6)]]
+    failed = [row for row in rows if "error" in row]
+    assert [row["id"] for row in failed] == ["boom"]
+    assert "RuntimeError: the model raised on purpose" in failed[0]["error"]
+    assert all(isinstance(row["output"], str) for row in rows if "error" not in row)
+
+
+def test_score_with_a_lock_file(tmp_path: Path, capsys: pytest.CaptureFixture[str], slowy: Path) -> None:
+    lock = tmp_path / "slowy.lock"
+    assert cli.main(["lock", str(slowy), "-o", str(lock)]) == 0
+    source = write_jsonl(tmp_path / "in.jsonl", [{"id": "x", "prompt": "hello"},
+                                                 {"id": "y", "text": "abc def"}])
+    output = tmp_path / "out.jsonl"
+    capsys.readouterr()
+    code, out, err = run_cli(capsys, str(slowy), "--input", str(source), "--output", str(output),
+                             "--lock", str(lock), "--task", "score", *FAST)
+    assert (code, out, err) == (0, "", "")
+    rows = read_jsonl(output)
+    assert [row["id"] for row in rows] == ["x", "y"]
+    for row in rows:
+        assert set(row) == {"id", "logprob", "tokens", "token_logprobs"}
+        assert len(row["tokens"]) == len(row["token_logprobs"]) > 0
+        assert row["logprob"] == pytest.approx(sum(row["token_logprobs"]))
+
+
+def test_remote_code_refused_without_trust(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], slowy: Path
+) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "prompt": "hi"}])
+    output = tmp_path / "sub" / "out.jsonl"
+    code, out, err = run_cli(capsys, str(slowy), "--input", str(source), "--output", str(output))
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1 and err.startswith("codeferry: error: ")
+    assert "--trust-remote-code or --lock FILE" in err
+    assert not output.exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "words"),
+    [
+        ('{"id": 1, "prompt": "a"}\n{"id": 2, "prompt": \n', 2, "invalid JSON"),
+        ('{"prompt": "a"}\n', 1, 'no "id"'),
+        ('\n{"id": "a"}\n', 2, 'neither "prompt" nor "text"'),
+        ('{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n', 2, "already used on line 1"),
+        ('first\n{"id": 1, "prompt": "y"}\n', 2, "already used on line 1"),
+        ('{"id": true, "prompt": "x"}\n', 1, "not a non-empty string or an integer"),
+        ('{"id": "a", "prompt": 3}\n', 1, '"prompt" is not a non-empty string'),
+        ("[1, 2]\nok\n", 0, ""),  # not an object, not starting with "{": plain text, accepted
+    ],
+)
+def test_bad_input_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                        text: str, line: int, words: str) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text(text)
+    if not line:
+        assert [(item.id, item.text) for item in read_inputs(source)] == [(1, "[1, 2]"), (2, "ok")]
+        return
+    with pytest.raises(InputFormatError) as info:
+        read_inputs(source)
+    assert (info.value.path, info.value.line) == (str(source), line)
+    output = tmp_path / "out.jsonl"
+    code, out, err = run_cli(capsys, "--input", str(source), "--output", str(output))
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1 and f"in.jsonl:{line}: " in err and words in err and "Fix:" in err
+    assert not output.exists()
+
+
+def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    output = tmp_path / "out.jsonl"
+    code, _, err = run_cli(capsys, "--input", str(tmp_path / "missing.jsonl"), "-o", str(output))
+    assert code == 2 and "does not exist" in err and err.count("\n") == 1
+    assert run_cli(capsys, "--pooling", "mean")[0] == 2
+    assert run_cli(capsys, "--task", "embed", "--max-new-tokens", "3")[0] == 2
+    assert run_cli(capsys, "--workers", "0")[0] == 2
+    assert run_cli(capsys, str(DEMO))[0] == 2  # a MODEL needs --input
+    with pytest.raises(SystemExit) as info:
+        cli.main(["run", "--trust-remote-code", "--lock", "x.lock"])
+    assert info.value.code == 2
+    assert not output.exists()
+
+
+# -- resuming -------------------------------------------------------------------------------
+
+
+def test_resume_after_killing_the_process_group(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], slowy: Path,
+    resume_case: tuple[Path, bytes],
+) -> None:
+    source, clean = resume_case
+    output = tmp_path / "out.jsonl"
+    env = {**os.environ, "CODEFERRY_TEST_SLOW": "0.1"}
+    proc = subprocess.Popen([sys.executable, "-m", "codeferry.cli", *resume_argv(slowy, source, output)],
+                            env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if output.exists() and output.read_bytes().count(b"\n") >= 3:
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the CLI and its workers: one process group
+        proc.wait()
+        if proc.stderr:
+            proc.stderr.close()
+    partial = output.read_bytes()
+    assert partial.endswith(b"\n")  # no torn line
+    written = read_jsonl(output)
+    assert 3 <= len(written) < len(RESUME_INPUTS)
+    assert partial == clean[:len(partial)]  # a prefix of a clean run, line for line
+
+    code, out, err = run_cli(capsys, *resume_argv(slowy, source, output)[1:])
+    assert (code, out, err) == (0, "", "")
+    ids = [row["id"] for row in read_jsonl(output)]
+    assert ids == [row["id"] for row in RESUME_INPUTS]  # every id once, in input order
+    assert output.read_bytes() == clean
+
+
+def test_torn_last_line_is_repaired_and_a_finished_run_is_left_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], slowy: Path,
+    resume_case: tuple[Path, bytes],
+) -> None:
+    source, clean = resume_case
+    lines = clean.splitlines(keepends=True)
+    output = tmp_path / "out.jsonl"
+    output.write_bytes(b"".join(lines[:20]) + lines[20][:15])  # killed mid-line by hand
+    argv = resume_argv(slowy, source, output)[1:]
+    assert run_cli(capsys, *argv) == (0, "", "")
+    assert output.read_bytes() == clean
+    started = time.monotonic()
+    assert run_cli(capsys, *argv) == (0, "", "")  # nothing left: no worker starts
+    assert time.monotonic() - started < 10
+    assert output.read_bytes() == clean
+
+
+def test_output_of_another_input_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], resume_case: tuple[Path, bytes]
+) -> None:
+    output = tmp_path / "out.jsonl"
+    before = b'{"id": 1, "output": "x"}\n{"id": "other", "output": "y"}\n'
+    output.write_bytes(before)
+    code, _, err = run_cli(capsys, "--input", str(resume_case[0]), "--output", str(output))
+    assert code == 1 and "out.jsonl:1: the existing output holds id 1" in err
+    assert output.read_bytes() == before
