@@ -9,6 +9,7 @@ command fails: outputs go to a temporary file that is renamed into place at the 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import shutil
@@ -22,7 +23,7 @@ from pathlib import Path
 from . import __version__
 from ._render import render_dot, render_report
 from ._resolve import resolve
-from .errors import CodeferryError, ModelNotFoundError
+from .errors import CodeferryError, InputNotFoundError, ModelNotFoundError
 
 __all__ = ["main"]
 
@@ -123,6 +124,64 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _cmd_audit(args: argparse.Namespace) -> int:
+    from ._audit import CATEGORIES, audit, render_audit
+
+    fail_on = [c.strip() for text in args.fail_on for c in text.split(",") if c.strip()]
+    unknown = sorted(set(fail_on) - set(CATEGORIES))
+    if unknown:
+        raise UsageError(
+            f"--fail-on: unknown categor{'ies' if len(unknown) > 1 else 'y'} "
+            f"{', '.join(map(repr, unknown))}; valid: {', '.join(CATEGORIES)}"
+        )
+    report = audit(args.model, revision=args.revision)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        sys.stdout.write(render_audit(report))
+    return 1 if report.in_categories(fail_on) else 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from ._run import run
+
+    if args.pooling is not None and args.task != "embed":
+        raise UsageError("--pooling applies to --task embed only")
+    if args.max_new_tokens is not None and args.task != "generate":
+        raise UsageError("--max-new-tokens applies to --task generate only")
+    for flag, value in (("--workers", args.workers), ("--batch-size", args.batch_size),
+                        ("--max-new-tokens", args.max_new_tokens)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+    if args.input is None and args.model is not None:
+        raise UsageError("--input FILE is required with a MODEL (without MODEL, the bundled "
+                         "demo runs on its own prompts)")
+    source = Path(args.input) if args.input else Path(_demo()) / "prompts.txt"
+    output = args.output or "-"
+    if output != "-":
+        target = Path(output)
+        if target.is_dir():
+            raise UsageError(f"--output {output} is a folder: name a file")
+        if target.exists() and source.exists() and os.path.samefile(target, source):
+            raise UsageError(f"--output {output} is the input file: name another file")
+    workers = args.workers or (2 if (os.cpu_count() or 1) > 1 else 1)
+    # The workers' "Loading weights" bars would garble ours (and clutter logs).
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        result = run(
+            args.model or _demo(), source, output, task=args.task,
+            trust_remote_code=args.trust_remote_code, lock=args.lock, workers=workers,
+            start_method=args.start_method, batch_size=args.batch_size,
+            max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
+            pooling=args.pooling, revision=args.revision,
+        )
+    except BrokenPipeError:  # `codeferry run | head`: the reader left; stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    return 0 if result.failed == 0 else 1
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="codeferry",
@@ -163,6 +222,59 @@ def _parser() -> argparse.ArgumentParser:
     doc.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
     doc.set_defaults(func=_cmd_doctor)
 
+    aud = sub.add_parser(
+        "audit",
+        help="list what a model's code can do beyond computing (processes, network, files...)",
+        description="Static analysis of a model's remote code, by category. Executes nothing.",
+    )
+    aud.add_argument("model", help="a model folder, or a repo id in the local Hugging Face cache")
+    aud.add_argument("--revision", help="branch, tag or commit of a cached repo (default: main)")
+    aud.add_argument("--json", action="store_true", help="print one JSON object")
+    aud.add_argument("--fail-on", action="append", default=[], metavar="CATEGORY[,...]",
+                     help="exit 1 when anything is found in these categories")
+    aud.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    aud.set_defaults(func=_cmd_audit)
+
+    run = sub.add_parser(
+        "run",
+        help="run a model on every line of a file (generate, embed or score) into resumable JSONL",
+        description="Batch inference on worker processes. Input: JSONL objects with an \"id\" "
+        "and a \"prompt\" (or \"text\"), or plain text lines (id: the line number). Output: one "
+        "JSON line per input, in input order; rerunning with the same --output resumes. "
+        "With no arguments, runs the bundled demo model on its prompts and prints JSONL. "
+        "Exit 0: every input has a result; 1: some failed (error lines) or an error; 2: usage.",
+    )
+    run.add_argument("model", nargs="?", default=None,
+                     help="a model folder or cached repo id (default: the bundled demo, whose "
+                     "code is trusted by its pinned digest)")
+    run.add_argument("--input", metavar="FILE",
+                     help="JSONL or plain text, one input per line (needed with a MODEL; "
+                     "default: the demo's prompts.txt)")
+    run.add_argument("-o", "--output", metavar="FILE",
+                     help="JSONL results; an existing file is resumed (default: stdout)")
+    trust = run.add_mutually_exclusive_group()
+    trust.add_argument("--trust-remote-code", action="store_true",
+                       help="allow the model's code to run here and in the workers")
+    trust.add_argument("--lock", metavar="FILE", help="allow exactly the code this lock file lists")
+    run.add_argument("--task", choices=["generate", "embed", "score"], default="generate")
+    run.add_argument("--workers", type=int, metavar="N",
+                     help="worker processes (default: 2, 1 on a 1-core machine; never more "
+                     "than batches)")
+    run.add_argument("--start-method", choices=["spawn", "forkserver", "fork"], default="spawn")
+    run.add_argument("--batch-size", type=int, metavar="B",
+                     help="inputs per batch (default: 8, fewer to give every worker a batch)")
+    run.add_argument("--max-new-tokens", type=int, metavar="K",
+                     help="tokens to generate per input (--task generate; default 16)")
+    run.add_argument("--device", default="cpu", metavar="D",
+                     help="cpu, cuda (one GPU per worker, round robin), cuda:N... (default: cpu)")
+    run.add_argument("--dtype", choices=["float32", "float16", "bfloat16", "float64"],
+                     help="weights dtype (default: the model's)")
+    run.add_argument("--pooling", choices=["mean", "cls", "last"],
+                     help="how token vectors become one embedding (--task embed; default: mean)")
+    run.add_argument("--revision", help="branch, tag or commit of a cached repo (default: main)")
+    run.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    run.set_defaults(func=_cmd_run)
+
     lock = sub.add_parser(
         "lock", help="write a lock file: the exact code of a model, to review and to pin",
         description="Static: executes nothing. See the README for the format.",
@@ -192,9 +304,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     debug: bool = args.debug
     func: Callable[[argparse.Namespace], int] = args.func
+    for stream in (sys.stdout, sys.stderr):
+        # Names from the model (JSON keys, file names) may hold lone surrogates, which a
+        # strict UTF-8 terminal cannot encode: print them escaped instead of crashing.
+        if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+            stream.reconfigure(errors="backslashreplace")
     try:
         return func(args)
-    except (UsageError, ModelNotFoundError) as exc:
+    except (UsageError, ModelNotFoundError, InputNotFoundError) as exc:
         if debug:
             traceback.print_exc()
         print(f"codeferry: error: {exc}", file=sys.stderr)

@@ -20,9 +20,11 @@ __all__ = [
     "InvalidAutoMapError",
     "UnsafePathError",
     "ShadowingModuleError",
+    "UnreadableFileError",
     "SourceDecodeError",
     "SourceTooLargeError",
     "SourceSyntaxError",
+    "SourceTooDeepError",
     "MissingModuleError",
     "MissingClassError",
     "LFSPointerError",
@@ -41,6 +43,9 @@ __all__ = [
     "LockMismatchError",
     "WorkerStartupError",
     "BatchFailedError",
+    "InputNotFoundError",
+    "InputFormatError",
+    "OutputError",
 ]
 
 
@@ -141,6 +146,10 @@ class ShadowingModuleError(CodeferryError, ValueError):
     """A remote module would shadow the standard library or a core package."""
 
 
+class UnreadableFileError(CodeferryError, OSError):
+    """A file the code needs cannot be read: a broken or looping symlink, a pipe, no permission."""
+
+
 # -- reading the code -----------------------------------------------------------------
 
 
@@ -154,6 +163,10 @@ class SourceTooLargeError(CodeferryError, ValueError):
 
 class SourceSyntaxError(CodeferryError, SyntaxError):
     """A source file is not valid Python."""
+
+
+class SourceTooDeepError(CodeferryError, ValueError):
+    """A source file nests code too deeply for Python to compile, or for codeferry to analyse."""
 
 
 class MissingModuleError(CodeferryError, ImportError):
@@ -294,3 +307,21 @@ class BatchFailedError(CodeferryError, RuntimeError):
         super().__init__(message, **kwargs)
         self.indices = indices
         self.inputs = inputs
+
+
+# -- codeferry run --------------------------------------------------------------------
+
+
+class InputNotFoundError(CodeferryError, FileNotFoundError):
+    """The ``--input`` file of ``codeferry run`` does not exist."""
+
+
+class InputFormatError(CodeferryError, ValueError):
+    """A line of an input (or an existing output) file of ``codeferry run`` is unusable.
+
+    ``path`` and ``line`` locate it; nothing has been written when this is raised.
+    """
+
+
+class OutputError(CodeferryError, OSError):
+    """The ``--output`` file of ``codeferry run`` cannot be opened, locked or written."""
