@@ -19,6 +19,7 @@ and they appear in ``config.json`` (also inside nested sub-configs such as
 from __future__ import annotations
 
 import re
+import reprlib
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,15 @@ AUTO_MAP_FILES: tuple[str, ...] = (
     "preprocessor_config.json",
     "video_preprocessor_config.json",
 )
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother = 3, 4, 4, 80, 80
+
+
+def _short(value: Any) -> str:
+    """``repr`` for messages: one line, however long or deep the value."""
+    return _SHORT.repr(value)
+
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
@@ -87,7 +97,7 @@ def parse_reference(value: str, *, path: str, line: int | None) -> tuple[str | N
     """Split ``[org/repo--]module.Class`` into ``(repo, module, class)``, validating each part."""
 
     def fail(what: str, fix: str, cls: type[InvalidAutoMapError] = InvalidAutoMapError) -> Any:
-        raise cls(f"auto_map entry {value!r} {what}.", path=path, line=line, fix=fix)
+        raise cls(f"auto_map entry {_short(value)} {what}.", path=path, line=line, fix=fix)
 
     repo: str | None = None
     rest = value
@@ -97,7 +107,7 @@ def parse_reference(value: str, *, path: str, line: int | None) -> tuple[str | N
             fail("names an invalid repo id", "write it as 'org/name--module.Class'.")
     if rest.startswith("/") or "\\" in rest or "/" in rest or rest.startswith(".."):
         raise UnsafePathError(
-            f"auto_map entry {value!r} points outside the model folder.",
+            f"auto_map entry {_short(value)} points outside the model folder.",
             path=path,
             line=line,
             fix="name a module inside the model folder, as 'module.Class' or 'pkg.module.Class'.",
@@ -113,7 +123,7 @@ def parse_reference(value: str, *, path: str, line: int | None) -> tuple[str | N
         )
     if parts[0] in _PROTECTED:
         raise ShadowingModuleError(
-            f"auto_map entry {value!r} names module {module!r}, which would shadow "
+            f"auto_map entry {_short(value)} names module {module!r}, which would shadow "
             f"the installed {parts[0]!r}.",
             path=path,
             line=line,
@@ -145,8 +155,8 @@ def _entries(
             values = list(enumerate(value))
         else:
             raise InvalidAutoMapError(
-                f"auto_map[{key!r}] must be 'module.Class' or a [slow, fast] list, "
-                f"not {value!r}.",
+                f"auto_map[{_short(key)}] must be 'module.Class' or a [slow, fast] list, "
+                f"not {_short(value)}.",
                 path=path,
                 line=line,
                 fix=f'write it as "{key}": "module.Class" (or ["module.Slow", null] for a tokenizer).',

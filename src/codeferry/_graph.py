@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "RelativeImport",
+    "NestingTooDeep",
     "ExternalImport",
     "ModuleScan",
     "scan",
@@ -113,12 +114,25 @@ def _is_availability_test(test: ast.expr) -> bool:
     return False
 
 
+class NestingTooDeep(ValueError):
+    """The tree is too deep to walk recursively; ``line`` is where the walk gave up."""
+
+    def __init__(self, line: int) -> None:
+        super().__init__(f"nesting too deep to analyse near line {line}")
+        self.line = line
+
+
 class _Scanner(ast.NodeVisitor):
     def __init__(self) -> None:
         self.out = ModuleScan()
+        self.line = 1  # of the node being visited: where a too deep walk gave up
         self.depth_function = 0
         self.depth_guard = 0
         self.depth_block = 0  # class bodies and the like: not module-level names
+
+    def visit(self, node: ast.AST) -> None:
+        self.line = getattr(node, "lineno", self.line)
+        super().visit(node)
 
     @property
     def _module_level(self) -> bool:
@@ -238,9 +252,15 @@ class _Scanner(ast.NodeVisitor):
 
 
 def scan(tree: ast.Module) -> ModuleScan:
-    """Scan a parsed module. Parsing (and its errors) is the caller's business."""
+    """Scan a parsed module. Parsing (and its errors) is the caller's business.
+
+    Raises ``NestingTooDeep`` for a tree deeper than Python's recursion limit.
+    """
     scanner = _Scanner()
-    scanner.visit(tree)
+    try:
+        scanner.visit(tree)
+    except RecursionError:
+        raise NestingTooDeep(scanner.line) from None
     return scanner.out
 
 

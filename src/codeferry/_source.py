@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ModelNotFoundError, SourceTooLargeError, UnsafePathError
+from .errors import ModelNotFoundError, SourceTooLargeError, UnreadableFileError, UnsafePathError
 
 __all__ = ["ModelSource", "hub_cache_dir", "locate", "locate_repo", "list_files", "read_bytes"]
 
@@ -150,14 +151,33 @@ def read_bytes(source: ModelSource, rel: str, *, limit: int = MAX_SOURCE_BYTES) 
             fix="keep every file the code needs inside the model folder.",
         )
     full = source.root / rel
-    real = full.resolve()
+    try:
+        real = full.resolve()
+    except (OSError, RuntimeError):  # a symlink loop (RuntimeError before Python 3.13)
+        raise UnreadableFileError(
+            f"{rel} is a symlink that loops.", path=str(full),
+            fix="replace the link with the file it should point to.",
+        ) from None
     if not real.is_relative_to(source.fence):
         raise UnsafePathError(
             f"{rel} is a symlink to {real}, outside the model folder.",
             path=str(full),
             fix="replace the link with a copy of the file inside the model folder.",
         )
-    size = real.stat().st_size
+    try:
+        info = real.stat()
+    except OSError as exc:
+        raise UnreadableFileError(
+            f"{rel} cannot be read: {exc.strerror or exc}"
+            + (" (a broken symlink)." if full.is_symlink() else "."),
+            path=str(full), fix="replace it with the real file (download the model again).",
+        ) from None
+    if not stat.S_ISREG(info.st_mode):  # a pipe or a device would block or never end
+        raise UnreadableFileError(
+            f"{rel} is not a regular file.", path=str(full),
+            fix="replace it with the real file (download the model again).",
+        )
+    size = info.st_size
     if size > limit:
         raise SourceTooLargeError(
             f"{rel} is {size / 2**20:.1f} MiB; no model source file is that large "
@@ -165,4 +185,10 @@ def read_bytes(source: ModelSource, rel: str, *, limit: int = MAX_SOURCE_BYTES) 
             path=str(full),
             fix="check that this is the right file; a generated or data file does not belong in code.",
         )
-    return real.read_bytes()
+    try:
+        return real.read_bytes()
+    except OSError as exc:
+        raise UnreadableFileError(
+            f"{rel} cannot be read: {exc.strerror or exc}.", path=str(full),
+            fix="check the file's permissions, or download the model again.",
+        ) from None
