@@ -82,7 +82,7 @@ def test_bad_input_raises_a_typed_error_naming_file_and_line(tmp_path: Path, cas
 def test_cli_prints_one_line_and_writes_nothing(
     tmp_path: Path, case: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    files, kind, filename, _ = CASES[case]
+    files, _kind, filename, _ = CASES[case]
     root = make(tmp_path / "model", files)
     graph = tmp_path / "out" / "graph.dot"
     before = sorted(p for p in tmp_path.rglob("*"))

@@ -127,7 +127,7 @@ relative_imports = st.builds(
 absolute_imports = st.one_of(
     st.sampled_from(ABS_MODULES).map(lambda m: f"import {m}"),
     st.builds(lambda m, n: f"from {m} import {n}", st.sampled_from(ABS_MODULES),
-              st.sampled_from(NAMES + ["*"])),
+              st.sampled_from([*NAMES, "*"])),
     st.sampled_from([
         "from transformers import PretrainedConfig",
         "from transformers import PreTrainedModel",

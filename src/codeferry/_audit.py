@@ -728,7 +728,7 @@ class _Auditor(ast.NodeVisitor):
             command = _const_str(first)
             words = command.split() if command else []
             program = words[0] if words else None
-        if program and os.path.basename(program) in _COMPILERS or "build_ext" in words:
+        if (program and os.path.basename(program) in _COMPILERS) or "build_ext" in words:
             self.report(node, "native-code", f"runs a compiler ({program or 'build_ext'}, via {qual})")
         if "pip" in words and "install" in words:
             self.report(node, "network", f"installs packages with pip (via {qual})")

@@ -22,6 +22,7 @@ carries a start-up error back typed, with the worker's traceback as its cause.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing as mp
 import os
@@ -230,10 +231,9 @@ class Executor:
         self.close()
 
     def __del__(self) -> None:
-        try:
+        # At interpreter shutdown the modules close() needs may already be gone.
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
 
     @property
     def pids(self) -> list[int | None]:
@@ -286,7 +286,7 @@ class Executor:
                     del busy[worker.slot]
                     worker.batch = None
                     if message[1] == "ok":
-                        for index, value in zip(batch.indices, message[2]):
+                        for index, value in zip(batch.indices, message[2], strict=True):
                             yield Outcome(index, value)
                         continue
                     batch.last_error = _remote_error(message[2], worker.slot)

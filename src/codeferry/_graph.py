@@ -361,7 +361,7 @@ def find_cycle(nodes: Iterable[str], edges: Iterable[tuple[str, str]]) -> list[s
                 stack[-1] = (node, index + 1)
                 nxt = graph[node][index]
                 if state.get(nxt) == 1:
-                    return path[path.index(nxt):] + [nxt]
+                    return [*path[path.index(nxt):], nxt]
                 if nxt not in state:
                     state[nxt] = 1
                     stack.append((nxt, 0))

@@ -62,7 +62,7 @@ _lock = threading.Lock()
 class Ticket:
     """The passport of a unit: what a receiver needs before it looks up any class."""
 
-    __slots__ = ("runtime", "embedded")
+    __slots__ = ("embedded", "runtime")
 
     def __init__(self, runtime: _loader.Runtime, embedded: bool) -> None:
         self.runtime = runtime
@@ -284,7 +284,9 @@ class _PostImportHook(importlib.abc.MetaPathFinder):
                 loader = spec.loader
                 original_exec = loader.exec_module
 
-                def exec_module(module: types.ModuleType) -> None:
+                def exec_module(
+                    module: types.ModuleType, original_exec: Any = original_exec
+                ) -> None:
                     original_exec(module)
                     _patch_cloudpickle(module)
 

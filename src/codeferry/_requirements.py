@@ -21,7 +21,7 @@ import importlib.util
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +108,7 @@ def collect_requirements(
     return result
 
 
-@lru_cache(maxsize=None)
+@cache
 def _module_names(module: str) -> frozenset[str] | None:
     """Names module ``module`` of transformers offers; ``None`` when unknowable statically."""
     try:

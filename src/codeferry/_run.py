@@ -206,7 +206,7 @@ def _read_existing(data: bytes, path: Path, items: Sequence[InputItem], task: Ta
         except (UnicodeDecodeError, json.JSONDecodeError):
             if number == len(complete):
                 break  # a torn last line: cut away
-            raise _output_error(path, number, "is not a JSON line written by codeferry run.")
+            raise _output_error(path, number, "is not a JSON line written by codeferry run.") from None
         if not isinstance(row, dict) or "id" not in row:
             raise _output_error(path, number, 'is not a JSON object with an "id".')
         ident = row["id"]

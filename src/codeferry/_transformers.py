@@ -109,7 +109,7 @@ def register_with_transformers(
             continue
         try:
             if key == "AutoTokenizer":
-                slow, fast = (tuple(value) + (None, None))[:2]
+                slow, fast = (*tuple(value), None, None)[:2]
                 auto.register(config_cls, slow_tokenizer_class=slow, fast_tokenizer_class=fast,
                               exist_ok=True)
             elif key == "AutoImageProcessor":

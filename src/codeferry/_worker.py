@@ -62,11 +62,10 @@ class _Engine:
 
     def __init__(self, spec: WorkerSpec) -> None:
         import torch
+        from transformers import AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
         from . import load
-        from transformers import AutoTokenizer
-
-        from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # load reports of heads a task does not use
         torch.set_num_threads(max(1, spec.threads))

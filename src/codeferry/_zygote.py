@@ -20,6 +20,7 @@ parent) and exit with it, so a killed executor process leaves nothing behind.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import multiprocessing as mp
 import os
@@ -54,15 +55,14 @@ def _warm(preload: Sequence[str]) -> None:
     """Import, and fill library caches that do not depend on any model."""
     for name in preload:
         importlib.import_module(name)
-    try:
+    # A cache we could not fill here is filled later, in the worker that needs it.
+    with contextlib.suppress(Exception):
         from transformers.conversion_mapping import get_checkpoint_conversion_mapping
 
         from ._requirements import _module_names
 
         get_checkpoint_conversion_mapping("llama")  # type: ignore[no-untyped-call]
         _module_names("transformers")
-    except Exception:  # noqa: BLE001 - a cache we could not fill is filled later
-        pass
 
 
 def _zygote_main(conn: Connection, preload: Sequence[str], parent_pid: int) -> None:

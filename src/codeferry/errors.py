@@ -98,7 +98,9 @@ class CodeferryError(Exception):
     def __reduce__(self) -> tuple[Any, ...]:
         # OSError and friends have their own __reduce__ that drops our keyword-only
         # data; rebuild from the message and restore the attributes as state.
-        return (_rebuild_error, (type(self), self.message), self.__dict__.copy())
+        # ImportError keeps ``path`` in a C slot, not in __dict__: name it explicitly.
+        state = {**self.__dict__, "path": self.path}
+        return (_rebuild_error, (type(self), self.message), state)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view, used by ``--json`` output."""
