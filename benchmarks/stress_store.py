@@ -344,7 +344,7 @@ def worker_main(spec_path: str) -> int:
         else:
             raise ValueError(f"unknown role {role}")
         result["ok"] = True
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+    except BaseException as exc:
         result["error"] = "".join(traceback.format_exception(exc))
     result["t_ready"] = time.time()
     result["events"] = events
@@ -501,7 +501,7 @@ class Round:
                 "expected": self.expected, "nonce": self.nonce, **extra}
         path = self.dir / "specs" / f"{name}.json"
         path.write_text(json.dumps(spec), "utf-8")
-        log = open(self.dir / "logs" / f"{name}.log", "wb")  # noqa: SIM115
+        log = open(self.dir / "logs" / f"{name}.log", "wb")
         proc = subprocess.Popen([sys.executable, str(HERE), "--worker", str(path)],
                                 env=self.env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
@@ -737,7 +737,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             t0 = time.time()
             try:
                 rnd.run()
-            except Exception as exc:  # noqa: BLE001 - a harness failure is a failure too
+            except Exception as exc:
                 rnd.failures.append(f"round aborted: {type(exc).__name__}: {exc}")
                 rnd.loader_count = getattr(rnd, "loader_count", 0)
                 rnd.fault_count = getattr(rnd, "fault_count", 0)

@@ -129,7 +129,7 @@ def test_bad_input_row(row: str, tmp_path: Path, capsys: pytest.CaptureFixture[s
 def test_corrupted_store_entry_is_rebuilt_when_the_bytes_are_at_hand_else_refused(
     tmp_path: Path,
 ) -> None:
-    from codeferry import _loader, _pickling  # noqa: F401 - the receiver side of tickets
+    from codeferry import _loader, _pickling
 
     path = model(tmp_path)
     classes = codeferry.load(path, trust_remote_code=True)

@@ -104,7 +104,7 @@ def _load_in_worker(path: str, lockfile: str, payload: bytes | None, queue: Any)
         if payload is not None:
             pickle.loads(payload)
         queue.put("ok")
-    except Exception as exc:  # noqa: BLE001 - the type is what the test checks
+    except Exception as exc:
         queue.put(exc)
 
 

@@ -28,7 +28,7 @@ import codeferry
 from codeferry.testing import ModelSpec, write_model
 
 sys.path.insert(0, os.path.dirname(__file__))
-import _workers  # noqa: E402
+import _workers
 
 METHODS = ["spawn", "forkserver", "fork"]
 WORKERS = Path(__file__).with_name("_workers.py")
