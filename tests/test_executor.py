@@ -249,3 +249,14 @@ def test_warm_start_forks_from_a_zygote_and_still_loads_the_code_itself(
     assert zygote.alive and zygote.remote_modules() == []  # it never holds model code
     with codeferry.Executor(path, workers=1, start_method="fork", trust_remote_code=True) as cold:
         assert cold.generate(PROMPTS, max_new_tokens=3) == texts
+
+
+def test_tokenizers_that_return_token_type_ids_work_with_causal_lms(tmp_path: Path) -> None:
+    path = write_model(tmp_path / "ttids", ModelSpec(name="ttids", tokenizer=True))
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    with codeferry.Executor(path, workers=1, start_method="fork", trust_remote_code=True) as ex:
+        assert len(ex.generate(["abc", "hello there"], max_new_tokens=2)) == 2
+        assert len(ex.score(["abc"])[0]["token_logprobs"]) == 2
+        assert len(ex.embed(["abc"])[0]) == 32

@@ -15,6 +15,7 @@ killed parent leaves no orphan behind.
 
 from __future__ import annotations
 
+import inspect
 import os
 import pickle
 import signal
@@ -94,16 +95,24 @@ class _Engine:
             self.models[key] = model.to(self.spec.device).eval()
         return self.models[key]
 
-    def _encode(self, texts: list[str], *, left: bool) -> Any:
+    def _encode(self, texts: list[str], *, left: bool, model: Any) -> tuple[Any, Any]:
+        """Model inputs (only those ``forward`` takes), and the attention mask."""
         self.tokenizer.padding_side = "left" if left else "right"
         enc = self.tokenizer(texts, return_tensors="pt", padding=True)
-        return {k: v.to(self.spec.device) for k, v in enc.items()}
+        # Tokenizers of BERT lineage also return token_type_ids, which a causal LM's
+        # forward (and generate's kwarg check) refuses: pass only what forward takes.
+        accepted = inspect.signature(model.forward).parameters
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
+        inputs = {k: v.to(self.spec.device) for k, v in enc.items()
+                  if k in accepted or (takes_any and k != "token_type_ids")}
+        inputs.setdefault("input_ids", enc["input_ids"].to(self.spec.device))
+        return inputs, enc["attention_mask"].to(self.spec.device)
 
     def generate(self, texts: list[str], options: dict[str, Any]) -> list[str]:
         import torch
 
         model = self.model_for("generate")
-        enc = self._encode(texts, left=True)
+        enc, _ = self._encode(texts, left=True, model=model)
         options = {"do_sample": False, "max_new_tokens": 16, **options}
         if self.tokenizer.pad_token_id is not None:
             options.setdefault("pad_token_id", self.tokenizer.pad_token_id)
@@ -116,16 +125,16 @@ class _Engine:
         import torch
 
         model = self.model_for("embed")
-        enc = self._encode(texts, left=False)
+        enc, attention = self._encode(texts, left=False, model=model)
         with torch.inference_mode():
             hidden = model(**enc).last_hidden_state
-        mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        mask = attention.unsqueeze(-1).to(hidden.dtype)
         if pooling == "mean":
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
         elif pooling == "cls":
             pooled = hidden[:, 0]
         elif pooling == "last":
-            last = enc["attention_mask"].sum(1) - 1
+            last = attention.sum(1) - 1
             pooled = hidden[torch.arange(hidden.shape[0]), last]
         else:
             raise ValueError(f"unknown pooling {pooling!r}: use 'mean', 'cls' or 'last'")
@@ -135,13 +144,13 @@ class _Engine:
         import torch
 
         model = self.model_for("score")
-        enc = self._encode(texts, left=False)
+        enc, attention = self._encode(texts, left=False, model=model)
         with torch.inference_mode():
             logits = model(**enc).logits.float()
         logprobs = torch.log_softmax(logits[:, :-1], dim=-1)
         targets = enc["input_ids"][:, 1:]
         picked = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        mask = enc["attention_mask"][:, 1:].bool()
+        mask = attention[:, 1:].bool()
         results = []
         for row in range(len(texts)):
             ids = targets[row][mask[row]].tolist()
