@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 # The session's environment: offline, and every cache in a fresh temporary folder. Set
@@ -95,3 +96,14 @@ def factory_models(
         commit = (repo_dir / "refs" / "main").read_text(encoding="utf-8").strip()
         out[repo_id] = repo_dir / "snapshots" / commit
     return out
+
+
+@pytest.fixture(autouse=True)
+def _unlocked_process() -> Iterator[None]:
+    """Each test starts in a process no lock binds (a lock binds the process for good)."""
+    from codeferry import _policy
+
+    yield
+    with _policy._lock:
+        _policy._allowed.clear()
+        _policy._locked = False

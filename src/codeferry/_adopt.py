@@ -26,7 +26,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from . import _loader, _pickling, _transformers
+from . import _loader, _pickling, _policy, _transformers
 from ._store import UnitData, unit_digest
 
 __all__ = ["install", "adopt_module"]
@@ -61,6 +61,9 @@ def adopt_module(module: Any) -> None:
         p.rsplit("/", 1)[0].replace("/", ".") for p in files if p.endswith("/__init__.py")
     )
     unit = UnitData(unit_digest(files), files, (), packages, package)
+    # transformers ran this code because the caller passed trust_remote_code=True:
+    # that decision is this process's trust in exactly these bytes.
+    _policy.allow({unit.digest}, from_lock=False)
     with _lock:
         runtime = _loader.register(unit, package)
         for mod_name, mod in list(sys.modules.items()):
