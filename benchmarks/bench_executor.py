@@ -83,7 +83,7 @@ def _forward_ms(worker: Any, kind: str, texts: list[str], repeat: int) -> float:
     import torch
 
     model = worker.model_for(kind)
-    enc = worker._encode(texts, left=kind == "generate")
+    enc, _ = worker._encode(texts, left=kind == "generate", model=model)
     values = []
     with torch.inference_mode():
         for _ in range(repeat):
@@ -251,6 +251,26 @@ def overhead(ex: Any, kind: str, texts: list[str], options: dict[str, Any],
             statistics.median(e - i for e, i in zip(ends, inside, strict=True)) * 1e3)
 
 
+def stream_overhead(ex: Any, kind: str, texts: list[str], options: dict[str, Any],
+                    batches: int = 16) -> float:
+    """Overhead per batch (ms) when a call streams many batches to one worker.
+
+    The executor keeps the next batch queued in the worker's pipe, so the round trip of
+    one batch overlaps the compute of the next; this is the per-batch cost a job sees.
+    """
+    ex.collective_rpc(_take_times)
+    many = texts * batches
+    start = time.perf_counter()
+    if kind == "generate":
+        ex.generate(many, batch_size=BATCH, **options)
+    else:
+        ex.embed(many, pooling="mean", batch_size=BATCH)
+    total = time.perf_counter() - start
+    inside = ex.collective_rpc(_take_times)[0]
+    assert len(inside) == batches
+    return (total - sum(inside)) / batches * 1e3
+
+
 def breakdown(ex: Any, texts: list[str], samples: int) -> dict[str, float]:
     """Where an embed batch's overhead goes, in ms (medians): see the table's note."""
     import pickle
@@ -343,8 +363,10 @@ def main() -> int:
                 sets = [("3-14 words", texts_for(kind, BATCH))]
             for what, batch in sets:
                 inside, end, over = overhead(ex1, kind, batch, options, args.samples)
+                streamed = statistics.median(
+                    stream_overhead(ex1, kind, batch, options) for _ in range(3))
                 fwd = ex1.collective_rpc(_forward_ms, kind, batch, args.samples)[0]
-                over_rows.append((kind, what, fwd, inside, end, over))
+                over_rows.append((kind, what, fwd, inside, end, over, streamed))
             if kind == "embed":
                 parts = breakdown(ex1, sets[0][1], args.samples)
             ex1.close()
@@ -353,19 +375,21 @@ def main() -> int:
               f"median of {args.samples} batches")
         print()
         print("| call | texts | one forward pass (ms) | in the worker (ms) | end to end (ms) "
-              "| overhead (ms) | overhead |")
-        print("|---|---|---:|---:|---:|---:|---:|")
-        worst = 0.0
-        for kind, what, fwd, inside, end, over in over_rows:
-            share = over / inside
+              "| overhead, one batch alone (ms) | share | overhead per batch, streamed (ms) "
+              "| share |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        worst = worst_alone = 0.0
+        for kind, what, fwd, inside, end, over, streamed in over_rows:
+            share, stream_share = over / inside, max(streamed, 0.0) / inside
             if fwd >= 5:
-                worst = max(worst, share)
+                worst = max(worst, stream_share)
+                worst_alone = max(worst_alone, share)
             print(f"| {kind} | {what} | {fwd:.1f} | {inside:.1f} | {end:.1f} | {over:.2f} "
-                  f"| {share:.1%} |")
+                  f"| {share:.1%} | {streamed:.2f} | {stream_share:.1%} |")
         print(f"\ngoal: overhead <= {GOAL_OVERHEAD:.0%} at batch size {BATCH} for a forward pass "
               f">= 5 ms: {'met' if worst <= GOAL_OVERHEAD else 'NOT met'} "
-              f"(worst {worst:.1%})")
-        print(f"\nwhere the overhead goes (embed, {over_rows[-2][1]}, ms): "
+              f"(worst {worst:.1%} per batch in a stream; {worst_alone:.1%} for one batch alone)")
+        print(f"\nwhere a lone batch's overhead goes (embed, {over_rows[-2][1]}, ms): "
               + "; ".join(f"{part} {ms:.3f}" for part, ms in parts.items())
               + ". The rest of the overhead is the executor's bookkeeping and waking up after "
               "the model's work.")

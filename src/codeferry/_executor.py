@@ -43,6 +43,9 @@ __all__ = ["Executor", "Outcome"]
 
 StartMethod = Literal["spawn", "forkserver", "fork"]
 
+#: Batches sent ahead to each worker (the one it runs, and the next).
+QUEUE_DEPTH = 2
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -69,8 +72,8 @@ class _Worker:
     process: Any
     conn: Connection
     pid: int | None = None
-    batch: _Batch | None = None
-    request: int | None = None
+    #: (request id, batch) sent and not answered yet, oldest first: the first is running.
+    queue: deque[tuple[int, _Batch]] = field(default_factory=deque)
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -252,66 +255,76 @@ class Executor:
         if self._closed:
             raise RuntimeError("this executor is closed")
         pending = deque(batches)
-        busy: dict[int, _Worker] = {}
-        while pending or busy:
+        for worker in self._workers:
+            if worker is not None:
+                worker.queue.clear()  # replies to an abandoned iterator are ignored below
+        while pending or any(w is not None and w.queue for w in self._workers):
+            # Keep QUEUE_DEPTH batches sent to each worker: the next one is already in its
+            # pipe when the current one finishes, so the round trip hides behind compute.
             for worker in self._workers:
-                if pending and worker is not None and worker.slot not in busy:
+                while pending and worker is not None and len(worker.queue) < QUEUE_DEPTH:
                     job = pending.popleft()
-                    worker.batch, worker.request = job, next(self._requests)
+                    request = next(self._requests)
                     job.attempts += 1
+                    worker.queue.append((request, job))
                     try:
-                        worker.conn.send((worker.request, job.kind, job.payload))
+                        worker.conn.send((request, job.kind, job.payload))
                     except (OSError, ValueError):
-                        pass  # a dead worker: its sentinel fires below
-                    busy[worker.slot] = worker
+                        break  # a dead worker: its sentinel fires below
+            watched = [w for w in self._workers if w is not None and w.queue]
             waitables: list[Any] = []
-            watched = list(busy.values())
             for worker in watched:
                 waitables += _waitables(worker)
             for ready in wait(waitables):
                 worker = next(w for w in watched if ready is w.conn or ready == w.process.sentinel)
-                if worker.slot not in busy:
-                    continue  # its pipe and its sentinel were both ready: handled
-                batch = worker.batch
-                assert batch is not None
+                if self._workers[worker.slot] is not worker or not worker.queue:
+                    continue  # replaced, or its pipe and sentinel were both ready: handled
                 message = None
                 if ready is worker.conn or worker.conn.poll(0):
                     try:
                         message = worker.conn.recv()
                     except (EOFError, OSError):
                         message = None
-                if message is not None and message[0] != worker.request:
+                if message is not None and message[0] != worker.queue[0][0]:
                     continue  # the reply to a request whose iterator was abandoned
+                failed: list[_Batch] = []
                 if message is not None:
-                    del busy[worker.slot]
-                    worker.batch = None
+                    _, batch = worker.queue.popleft()
                     if message[1] == "ok":
                         for index, value in zip(batch.indices, message[2], strict=True):
                             yield Outcome(index, value)
                         continue
                     batch.last_error = _remote_error(message[2], worker.slot)
+                    failed.append(batch)
                 else:
-                    # The process died with the batch in flight: replace it.
-                    del busy[worker.slot]
+                    # The process died. Only the batch it was running is charged; the
+                    # ones queued behind it go back as they were.
                     worker.process.join(1)
                     code = worker.process.exitcode
+                    (_, batch), *queued = worker.queue
+                    worker.queue.clear()
                     batch.last_error = WorkerError(
                         f"worker {worker.slot} (pid {worker.pid}) died with exit code {code} "
                         "while running a batch.", worker=worker.slot)
+                    failed.append(batch)
+                    for _, waiting in reversed(queued):
+                        waiting.attempts -= 1
+                        pending.appendleft(waiting)
                     self._replace(worker.slot)
-                if batch.attempts > self.max_retries:
-                    failure = BatchFailedError(
-                        f"a batch of {len(batch.indices)} inputs failed {batch.attempts} times; "
-                        f"inputs {batch.indices}: {batch.last_error}",
-                        indices=tuple(batch.indices), inputs=tuple(batch.inputs),
-                        fix="the cause is the last attempt's error; inputs that crash the model "
-                        "can be isolated with batch_size=1.",
-                    )
-                    failure.__cause__ = batch.last_error
-                    for index in batch.indices:
-                        yield Outcome(index, error=failure)
-                else:
-                    pending.appendleft(batch)
+                for batch in failed:
+                    if batch.attempts > self.max_retries:
+                        failure = BatchFailedError(
+                            f"a batch of {len(batch.indices)} inputs failed {batch.attempts} "
+                            f"times; inputs {batch.indices}: {batch.last_error}",
+                            indices=tuple(batch.indices), inputs=tuple(batch.inputs),
+                            fix="the cause is the last attempt's error; inputs that crash the "
+                            "model can be isolated with batch_size=1.",
+                        )
+                        failure.__cause__ = batch.last_error
+                        for index in batch.indices:
+                            yield Outcome(index, error=failure)
+                    else:
+                        pending.appendleft(batch)
 
     def _batches(self, kind: str, inputs: Sequence[Any], extra: dict[str, Any],
                  batch_size: int | None) -> list[_Batch]:
