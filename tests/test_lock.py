@@ -196,3 +196,13 @@ def test_static_commands_never_write_into_the_model_folder(tmp_path: Path) -> No
     finally:
         path.chmod(0o755)
     assert {p: p.stat().st_mtime_ns for p in path.rglob("*")} == before
+
+
+def test_lock_and_verify_execute_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "executed"
+    path = write_model(tmp_path / "marked", ModelSpec(name="marked", helpers=("flat",),
+                                                      marker=str(marker)))
+    lockfile = tmp_path / "marked.lock"
+    assert main(["lock", str(path), "-o", str(lockfile)]) == 0
+    assert main(["verify", str(path), "--lock", str(lockfile)]) == 0
+    assert not marker.exists()

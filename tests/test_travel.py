@@ -156,7 +156,7 @@ def test_multiprocessing_messages_stay_small(tmp_path: Path) -> None:
     assert len(pickle.dumps(config)) > 2000  # plain pickle carries the code (another machine)
 
 
-@pytest.mark.parametrize("method", ["spawn"])
+@pytest.mark.parametrize("method", METHODS)
 def test_install_makes_plain_transformers_objects_travel(
     method: str, pools: dict[str, Any], tmp_path: Path
 ) -> None:
