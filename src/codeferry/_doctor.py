@@ -17,7 +17,6 @@ import multiprocessing as mp
 import os
 import pickle
 import time
-import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Literal
@@ -25,6 +24,7 @@ from typing import Any, Literal
 from ._api import load
 from ._lockfile import Lock, read_lock
 from ._resolve import resolve
+from ._worker import error_payload, remote_error
 from .errors import CodeferryError, RemoteTraceback, WorkerError
 
 __all__ = ["StartMethod", "WorkerReport", "DoctorReport", "doctor"]
@@ -102,27 +102,9 @@ def _worker(index: int, model: str, revision: str | None, lock: Lock | None,
             raise TypeError("the received config is not an instance of the loaded config class")
         conn.send(("ok", os.getpid(), time.perf_counter() - start, checks))
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
-        text = traceback.format_exc()
-        try:
-            blob = pickle.dumps(exc)
-        except Exception:  # noqa: BLE001 - an unpicklable error still reports its text
-            blob = None
-        conn.send(("error", os.getpid(), time.perf_counter() - start, (blob, text, repr(exc))))
+        conn.send(("error", os.getpid(), time.perf_counter() - start, error_payload(exc)))
     finally:
         conn.close()
-
-
-def _error_from(index: int, blob: bytes | None, text: str, summary: str) -> BaseException:
-    exc: BaseException | None = None
-    if blob is not None:
-        try:
-            exc = pickle.loads(blob)
-        except Exception:  # noqa: BLE001 - fall back to the text
-            exc = None
-    if exc is None:
-        exc = WorkerError(f"worker {index} failed: {summary}", worker=index)
-    exc.__cause__ = RemoteTraceback(text)
-    return exc
 
 
 def doctor(
@@ -169,7 +151,7 @@ def doctor(
             if status == "ok":
                 report.checks = data
             else:
-                report.error = _error_from(index, *data)
+                report.error = remote_error(data, index)
         except (EOFError, OSError, TimeoutError):
             proc.join(5)
             how = "timed out" if proc.exitcode is None else f"died with exit code {proc.exitcode}"

@@ -26,7 +26,6 @@ import contextlib
 import itertools
 import multiprocessing as mp
 import os
-import pickle
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -36,8 +35,8 @@ from typing import Any, Literal
 
 from ._lockfile import Lock, read_lock
 from ._resolve import resolve
-from ._worker import WorkerSpec, worker_main
-from .errors import BatchFailedError, RemoteTraceback, WorkerError, WorkerStartupError
+from ._worker import WorkerSpec, remote_error, worker_main
+from .errors import BatchFailedError, WorkerError, WorkerStartupError
 
 __all__ = ["Executor", "Outcome"]
 
@@ -75,20 +74,6 @@ class _Worker:
     #: (request id, batch) sent and not answered yet, oldest first: the first is running.
     queue: deque[tuple[int, _Batch]] = field(default_factory=deque)
     info: dict[str, Any] = field(default_factory=dict)
-
-
-def _remote_error(payload: tuple[bytes | None, str, str], worker: int) -> BaseException:
-    blob, tb, text = payload
-    exc: BaseException | None = None
-    if blob is not None:
-        try:
-            exc = pickle.loads(blob)
-        except Exception:  # noqa: BLE001 - fall back to the text
-            exc = None
-    if exc is None:
-        exc = WorkerError(f"worker {worker} raised {text}", worker=worker)
-    exc.__cause__ = RemoteTraceback(tb)
-    return exc
 
 
 class Executor:
@@ -194,7 +179,7 @@ class Executor:
             _, worker.pid, worker.info = message
             return
         if message is not None and message[0] == "failed":
-            cause = _remote_error(message[2], slot)
+            cause = remote_error(message[2], slot)
             raise WorkerStartupError(
                 f"worker {slot} could not start: {type(cause).__name__}: {cause}",
                 worker=slot, fix="the cause above is the worker's own traceback.",
@@ -294,7 +279,7 @@ class Executor:
                         for index, value in zip(batch.indices, message[2], strict=True):
                             yield Outcome(index, value)
                         continue
-                    batch.last_error = _remote_error(message[2], worker.slot)
+                    batch.last_error = remote_error(message[2], worker.slot)
                     failed.append(batch)
                 else:
                     # The process died. Only the batch it was running is charged; the
@@ -390,7 +375,7 @@ class Executor:
             worker.conn.send((request, "rpc", (func, args, kwargs)))
             reply = worker.conn.recv()
             if reply[1] == "error":
-                raise _remote_error(reply[2], worker.slot)
+                raise remote_error(reply[2], worker.slot)
             results.append(reply[2])
         return results
 

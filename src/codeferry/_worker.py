@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-__all__ = ["WorkerSpec", "worker_main"]
+__all__ = ["WorkerSpec", "worker_main", "error_payload", "remote_error"]
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,11 @@ def _watch_parent(parent_pid: int) -> None:
             os._exit(0)  # orphaned: leave now, whatever we were doing
 
 
-def _error_payload(exc: BaseException) -> tuple[bytes | None, str, str]:
+ErrorPayload = tuple[bytes | None, str, str]
+
+
+def error_payload(exc: BaseException) -> ErrorPayload:
+    """A worker's error as it travels: (pickled error or None, traceback, summary)."""
     text = traceback.format_exc()
     try:
         blob = pickle.dumps(exc)
@@ -56,6 +60,24 @@ def _error_payload(exc: BaseException) -> tuple[bytes | None, str, str]:
     except Exception:  # noqa: BLE001 - an unpicklable error still travels as text
         blob = None
     return blob, text, f"{type(exc).__name__}: {exc}"
+
+
+def remote_error(payload: ErrorPayload, worker: int) -> BaseException:
+    """The parent's side of ``error_payload``: the worker's own error when it unpickles
+    (a ``WorkerError`` with its summary when not), the worker's traceback as its cause."""
+    from .errors import RemoteTraceback, WorkerError
+
+    blob, tb, text = payload
+    exc: BaseException | None = None
+    if blob is not None:
+        try:
+            exc = pickle.loads(blob)
+        except Exception:  # noqa: BLE001 - fall back to the text
+            exc = None
+    if exc is None:
+        exc = WorkerError(f"worker {worker} raised {text}", worker=worker)
+    exc.__cause__ = RemoteTraceback(tb)
+    return exc
 
 
 class _Engine:
@@ -171,7 +193,7 @@ def worker_main(spec: WorkerSpec, conn: Connection, parent_pid: int) -> None:
     try:
         engine = _Engine(spec)
     except BaseException as exc:  # noqa: BLE001 - the handshake carries it to the parent
-        conn.send(("failed", os.getpid(), _error_payload(exc)))
+        conn.send(("failed", os.getpid(), error_payload(exc)))
         return
     conn.send(("ready", os.getpid(), {"classes": sorted(engine.classes)}))
     while True:
@@ -195,4 +217,4 @@ def worker_main(spec: WorkerSpec, conn: Connection, parent_pid: int) -> None:
                 raise ValueError(f"unknown request {kind!r}")
             conn.send((request_id, "ok", result))
         except BaseException as exc:  # noqa: BLE001 - reported, the worker lives on
-            conn.send((request_id, "error", _error_payload(exc)))
+            conn.send((request_id, "error", error_payload(exc)))
