@@ -35,7 +35,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 import codeferry
 from codeferry import _resolve
-from codeferry.testing import HELPER_KINDS, ModelSpec, write_hub_model
+from codeferry.testing import HELPER_KINDS, LARGEST_SPEC, ModelSpec, write_hub_model
 
 AUTO_MAP_FILES = (
     "config.json",
@@ -44,17 +44,7 @@ AUTO_MAP_FILES = (
     "preprocessor_config.json",
 )
 
-LARGEST = ModelSpec(
-    name="big",
-    model_keys_first=True,
-    helpers=HELPER_KINDS,
-    config_helper=True,
-    tokenizer=True,
-    processor=True,
-    nested_subconfig=True,
-    asset=True,
-    cross_repo="org/big-heads",
-)
+LARGEST = LARGEST_SPEC
 # The largest variant transformers' scanner gets through: no sub-package, no optional import.
 SCANNABLE = ModelSpec(
     name="scan",

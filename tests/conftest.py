@@ -27,7 +27,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
-from codeferry.testing import HELPER_KINDS, ModelSpec, write_hub_model, write_model  # noqa: E402
+from codeferry.testing import (  # noqa: E402 - after the environment above
+    HELPER_KINDS,
+    LARGEST_SPEC,
+    ModelSpec,
+    write_hub_model,
+    write_model,
+)
 
 #: Folder of the ``default`` variant: dots, a hyphen and a space, which loaders must cope with.
 ODD_FOLDER = "my.model-v1 copy"
@@ -46,18 +52,7 @@ _LOCAL: dict[str, ModelSpec] = {
     "generic_b": ModelSpec(name="beta", generic_names=True, helpers=("flat", "subpackage")),
     # The other repo's code lives only in the hub cache (written with "acme/crossy").
     "cross_repo": ModelSpec(name="crossy", cross_repo="org/shared-heads"),
-    # Every switch at once (but marker and generic_names), as in benchmarks/bench_inspect.py.
-    "largest": ModelSpec(
-        name="big",
-        model_keys_first=True,
-        helpers=HELPER_KINDS,
-        config_helper=True,
-        tokenizer=True,
-        processor=True,
-        nested_subconfig=True,
-        asset=True,
-        cross_repo="org/big-heads",
-    ),
+    "largest": LARGEST_SPEC,
 }
 
 _HUB: dict[str, ModelSpec] = {

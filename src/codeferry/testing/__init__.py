@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from codeferry.testing._factory import (
         DEMO_SPEC,
         HELPER_KINDS,
+        LARGEST_SPEC,
         ModelSpec,
         demo_model_path,
         write_demo_model,
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEMO_SPEC",
     "HELPER_KINDS",
+    "LARGEST_SPEC",
     "ModelSpec",
     "demo_model_path",
     "write_demo_model",

@@ -35,6 +35,7 @@ from codeferry.testing import _templates as T
 __all__ = [
     "DEMO_SPEC",
     "HELPER_KINDS",
+    "LARGEST_SPEC",
     "ModelSpec",
     "demo_model_path",
     "write_demo_model",
@@ -137,6 +138,20 @@ class ModelSpec:
         """``tiny`` -> ``Tiny``, ``char_lm`` -> ``CharLm``: the ``{Name}`` of class names."""
         return "".join(part[:1].upper() + part[1:] for part in self.name.split("_"))
 
+
+#: Every switch at once (but ``marker`` and ``generic_names``): the largest shape the
+#: tests and ``benchmarks/bench_inspect.py`` resolve.
+LARGEST_SPEC = ModelSpec(
+    name="big",
+    model_keys_first=True,
+    helpers=HELPER_KINDS,
+    config_helper=True,
+    tokenizer=True,
+    processor=True,
+    nested_subconfig=True,
+    asset=True,
+    cross_repo="org/big-heads",
+)
 
 DEMO_SPEC = ModelSpec(
     name="charlm",
