@@ -124,6 +124,21 @@ def test_results_in_input_order_and_iterators(executor: codeferry.Executor, plan
     assert len(set(executor.collective_rpc(worker_pid))) == 2
 
 
+def test_the_monitor_replaces_a_worker_that_dies_between_calls(
+    executor: codeferry.Executor, plan: Path
+) -> None:
+    set_plan(plan, None, 0, 0)
+    expected = executor.generate(PROMPTS, max_new_tokens=3)
+    victim = executor.pids[0]
+    assert victim is not None
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while executor.pids[0] == victim and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert executor.pids[0] not in (None, victim)  # replaced with no call in flight
+    assert executor.generate(PROMPTS, max_new_tokens=3) == expected
+
+
 CRASHES = [
     # kind,  times, outcome
     ("raise", 1, "recovers"),

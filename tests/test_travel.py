@@ -128,9 +128,11 @@ def test_another_machine_with_empty_caches_and_no_model_folder(tmp_path: Path) -
     objs = load_objects(fresh_model(model_root))
     expected = as_json(_workers.describe_all(objs))
     instances = pickle.dumps(objs[:3])
+    instances_cp = cloudpickle.dumps(objs[:3])
     classes_cp = cloudpickle.dumps(objs[3:])
     shutil.rmtree(model_root)
     assert run_receiver(instances, other_machine_env(tmp_path / "m1"), cwd=str(tmp_path)) == expected[:3]
+    assert run_receiver(instances_cp, other_machine_env(tmp_path / "m3"), cwd=str(tmp_path)) == expected[:3]
     # a class sent alone, by cloudpickle, carries its code too
     assert run_receiver(classes_cp, other_machine_env(tmp_path / "m2"), cwd=str(tmp_path)) == expected[3:]
 

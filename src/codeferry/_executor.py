@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import multiprocessing as mp
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -41,6 +43,8 @@ from .errors import BatchFailedError, WorkerError, WorkerStartupError
 __all__ = ["Executor", "Outcome"]
 
 StartMethod = Literal["spawn", "forkserver", "fork"]
+
+logger = logging.getLogger("codeferry")
 
 #: Batches sent ahead to each worker (the one it runs, and the next).
 QUEUE_DEPTH = 2
@@ -133,6 +137,8 @@ class Executor:
         self._workers: list[_Worker | None] = [None] * workers
         self._requests = itertools.count()
         self._closed = False
+        self._state = threading.RLock()
+        self._active = 0  # calls in progress: they replace dead workers themselves
         try:
             for slot in range(workers):
                 self._start(slot, wait_ready=False)
@@ -141,6 +147,9 @@ class Executor:
         except BaseException:
             self.close()
             raise
+        self._monitor = threading.Thread(target=self._watch, name="codeferry-monitor",
+                                         daemon=True)
+        self._monitor.start()
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -190,6 +199,40 @@ class Executor:
         raise WorkerStartupError(f"worker {slot} {how} while starting.", worker=slot,
                                  fix="run `codeferry doctor MODEL` to see each worker's error.")
 
+    def _watch(self) -> None:
+        """The monitor: notice a worker that dies between calls, and replace it at once.
+
+        During a call the scheduler sees deaths itself (it waits on every sentinel), so
+        the monitor stands back while one is active. Zygote-forked workers have no
+        sentinel of their own apart from their pipe, which only the scheduler reads.
+        """
+        while not self._closed:
+            sentinels = {w.process.sentinel: w for w in self._workers
+                         if w is not None and w.process.sentinel is not w.conn}
+            if not sentinels:
+                return
+            for ready in wait(list(sentinels), timeout=0.5):
+                worker = sentinels[ready]
+                with self._state:
+                    if self._closed or self._active or self._workers[worker.slot] is not worker:
+                        continue
+                    try:
+                        self._replace(worker.slot)
+                    except Exception:
+                        logger.exception("codeferry: could not replace worker %d", worker.slot)
+
+    @contextlib.contextmanager
+    def _call(self) -> Iterator[None]:
+        if self._closed:
+            raise RuntimeError("this executor is closed")
+        with self._state:
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._state:
+                self._active -= 1
+
     def close(self) -> None:
         """Stop every worker; kill those that do not stop within a few seconds."""
         if self._closed:
@@ -225,7 +268,7 @@ class Executor:
 
     @property
     def pids(self) -> list[int | None]:
-        return [w.pid if w else None for w in self._workers]
+        return [(w.pid or w.process.pid) if w else None for w in self._workers]
 
     # -- scheduling -----------------------------------------------------------------------
 
@@ -237,8 +280,10 @@ class Executor:
         self._start(slot)
 
     def _run(self, batches: Iterable[_Batch]) -> Iterator[Outcome]:
-        if self._closed:
-            raise RuntimeError("this executor is closed")
+        with self._call():
+            yield from self._schedule(batches)
+
+    def _schedule(self, batches: Iterable[_Batch]) -> Iterator[Outcome]:
         pending = deque(batches)
         for worker in self._workers:
             if worker is not None:
@@ -369,14 +414,21 @@ class Executor:
         function); ``worker`` exposes ``models``, ``tokenizer``, ``classes`` and ``spec``.
         """
         results: list[Any] = []
-        for worker in self._workers:
-            assert worker is not None
-            request = next(self._requests)
-            worker.conn.send((request, "rpc", (func, args, kwargs)))
-            reply = worker.conn.recv()
-            if reply[1] == "error":
-                raise remote_error(reply[2], worker.slot)
-            results.append(reply[2])
+        with self._call():
+            for worker in self._workers:
+                assert worker is not None
+                request = next(self._requests)
+                try:
+                    worker.conn.send((request, "rpc", (func, args, kwargs)))
+                    reply = worker.conn.recv()
+                    while reply[0] != request:  # a reply to an abandoned iterator
+                        reply = worker.conn.recv()
+                except (EOFError, OSError):
+                    raise WorkerError(f"worker {worker.slot} (pid {worker.pid}) died during "
+                                      "collective_rpc.", worker=worker.slot) from None
+                if reply[1] == "error":
+                    raise remote_error(reply[2], worker.slot)
+                results.append(reply[2])
         return results
 
 
