@@ -327,3 +327,37 @@ def test_output_of_another_input_is_refused(
     code, _, err = run_cli(capsys, "--input", str(resume_case[0]), "--output", str(output))
     assert code == 1 and "out.jsonl:1: the existing output holds id 1" in err
     assert output.read_bytes() == before
+
+
+def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
+    """stderr on a real pseudo-terminal shows rate and ETA; in a pipe it stays quiet."""
+    import pty
+    import select
+
+    def args(output: Path) -> list[str]:
+        return [sys.executable, "-m", "codeferry.cli", "run", str(DEMO), "--input",
+                str(DEMO / "prompts.txt"), "--output", str(output), "--workers", "1",
+                "--start-method", "fork"]
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(args(tmp_path / "out.jsonl"), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=slave, close_fds=True)
+    os.close(slave)
+    seen = b""
+    while True:
+        ready, _, _ = select.select([master], [], [], 120)
+        if not ready:
+            break
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    assert proc.wait(120) == 0
+    text = seen.decode("utf-8", "replace")
+    assert "ETA" in text and "/s" in text and "100%" in text
+    piped = subprocess.run(args(tmp_path / "again.jsonl"), capture_output=True, timeout=300)
+    assert piped.returncode == 0 and piped.stderr == b""
