@@ -182,6 +182,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0 if result.failed == 0 else 1
 
 
+def _common_options(command: argparse.ArgumentParser) -> None:
+    """Options every subcommand takes. ``--debug`` is also accepted before the command."""
+    command.add_argument("--revision", help="branch, tag or commit of a cached repo (default: main)")
+    command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                         help="show tracebacks")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="codeferry",
@@ -200,10 +207,9 @@ def _parser() -> argparse.ArgumentParser:
         "model", nargs="?", default=None,
         help="a model folder, or a repo id in the local Hugging Face cache (default: the bundled demo)",
     )
-    inspect.add_argument("--revision", help="branch, tag or commit of a cached repo (default: main)")
     inspect.add_argument("--json", action="store_true", help="print one JSON object")
     inspect.add_argument("--graph", metavar="FILE", help="write the import graph (.dot, .svg, .png)")
-    inspect.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    _common_options(inspect)
     inspect.set_defaults(func=_cmd_inspect)
 
     doc = sub.add_parser(
@@ -212,14 +218,13 @@ def _parser() -> argparse.ArgumentParser:
         description="Executes the model's code here and in every worker: needs --trust-remote-code.",
     )
     doc.add_argument("model", help="a model folder, or a repo id in the local Hugging Face cache")
-    doc.add_argument("--revision", help="branch, tag or commit of a cached repo (default: main)")
     doc.add_argument("--trust-remote-code", action="store_true",
                      help="allow the model's code to run here and in the workers")
     doc.add_argument("--lock", metavar="FILE", help="allow exactly the code this lock file lists")
     doc.add_argument("--workers", type=int, default=2, metavar="N")
     doc.add_argument("--start-method", choices=["spawn", "forkserver", "fork"], default="spawn")
     doc.add_argument("--json", action="store_true", help="print one JSON object")
-    doc.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    _common_options(doc)
     doc.set_defaults(func=_cmd_doctor)
 
     aud = sub.add_parser(
@@ -228,11 +233,10 @@ def _parser() -> argparse.ArgumentParser:
         description="Static analysis of a model's remote code, by category. Executes nothing.",
     )
     aud.add_argument("model", help="a model folder, or a repo id in the local Hugging Face cache")
-    aud.add_argument("--revision", help="branch, tag or commit of a cached repo (default: main)")
     aud.add_argument("--json", action="store_true", help="print one JSON object")
     aud.add_argument("--fail-on", action="append", default=[], metavar="CATEGORY[,...]",
                      help="exit 1 when anything is found in these categories")
-    aud.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    _common_options(aud)
     aud.set_defaults(func=_cmd_audit)
 
     run = sub.add_parser(
@@ -271,8 +275,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="weights dtype (default: the model's)")
     run.add_argument("--pooling", choices=["mean", "cls", "last"],
                      help="how token vectors become one embedding (--task embed; default: mean)")
-    run.add_argument("--revision", help="branch, tag or commit of a cached repo (default: main)")
-    run.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    _common_options(run)
     run.set_defaults(func=_cmd_run)
 
     lock = sub.add_parser(
@@ -281,9 +284,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     lock.add_argument("model", nargs="?", default=None,
                       help="a model folder or cached repo id (default: the bundled demo)")
-    lock.add_argument("--revision", help="branch, tag or commit of a cached repo (default: main)")
     lock.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
-    lock.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    _common_options(lock)
     lock.set_defaults(func=_cmd_lock)
 
     verify = sub.add_parser(
@@ -292,8 +294,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     verify.add_argument("model", help="a model folder, or a repo id in the local Hugging Face cache")
     verify.add_argument("--lock", metavar="FILE", required=True, help="the lock file")
-    verify.add_argument("--revision", help="branch, tag or commit of a cached repo (default: main)")
-    verify.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    _common_options(verify)
     verify.set_defaults(func=_cmd_verify)
     return parser
 
