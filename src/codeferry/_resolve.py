@@ -428,6 +428,10 @@ def resolve(
     """
     source = locate(model, revision=revision, cache_dir=cache_dir)
     refs = read_class_refs(source)
+    if cache_dir is None and source.repo_id:
+        # Cross-repo code of a cached repo (also one given as its snapshot folder, as
+        # workers get it) comes from the cache that holds it.
+        cache_dir = source.fence.parent
     resolver = _Resolver(source, cache_dir)
     for ref in refs:
         resolver.add_class(ref)

@@ -14,6 +14,10 @@ so a test or a worker may change ``HF_HOME`` at any time.
 Reading is fenced: a file may be a symlink only when it resolves inside its fence,
 the model folder for a local model and ``models--org--name`` for a cached repo (whose
 snapshots link into ``blobs``). Anything else is an ``UnsafePathError``.
+
+A snapshot folder given as a path (what ``snapshot_download()`` returns, and what a
+parent hands its workers) is the cached repo it belongs to, not a local folder: the
+same fence, repo id and commit as its repo id would give, in every process.
 """
 
 from __future__ import annotations
@@ -26,7 +30,10 @@ from pathlib import Path
 
 from .errors import ModelNotFoundError, SourceTooLargeError, UnreadableFileError, UnsafePathError
 
-__all__ = ["ModelSource", "hub_cache_dir", "locate", "locate_repo", "list_files", "read_bytes"]
+__all__ = [
+    "ModelSource", "hub_cache_dir", "locate", "locate_repo", "list_files", "read_bytes",
+    "snapshot_source",
+]
 
 #: Far above any real modeling file (the largest on the hub are a few hundred KB).
 MAX_SOURCE_BYTES = 8 * 1024 * 1024
@@ -113,7 +120,7 @@ def locate(
     path = Path(model).expanduser()
     if path.is_dir():
         root = path.resolve()
-        return ModelSource(root, root)
+        return snapshot_source(root) or ModelSource(root, root)
     text = os.fspath(model)
     looks_like_path = path.is_absolute() or text.startswith(".") or path.exists() or text.count("/") > 1
     if looks_like_path or not text:
@@ -123,6 +130,21 @@ def locate(
             fix="pass a folder that holds config.json, or a repo id from the local Hugging Face cache.",
         )
     return locate_repo(text, revision=revision, cache_dir=cache_dir)
+
+
+def snapshot_source(root: Path) -> ModelSource | None:
+    """``root`` as a cached repo when it is ``.../models--org--name/snapshots/<commit>``.
+
+    Its files are symlinks into ``../../blobs``, so its fence is the repo folder: fenced
+    to itself, every file of a real hub download would read as an escape.
+    """
+    snapshots = root.parent
+    repo_dir = snapshots.parent
+    if not (_COMMIT.match(root.name) and snapshots.name == "snapshots"
+            and repo_dir.name.startswith("models--") and len(repo_dir.name) > len("models--")):
+        return None
+    repo_id = repo_dir.name[len("models--"):].replace("--", "/")
+    return ModelSource(root, repo_dir, repo_id, None, root.name)
 
 
 def list_files(source: ModelSource) -> dict[str, Path]:

@@ -496,6 +496,39 @@ def _commit_for(repo_id: str, files: Mapping[str, bytes]) -> str:
     return digest.hexdigest()
 
 
+#: Files huggingface_hub stores through Git LFS, whose blobs are named by their sha256.
+_LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx")
+
+
+def _blob_name(relative: str, data: bytes) -> str:
+    """The blob name huggingface_hub gives a file: sha256 for LFS files, git's sha1 else."""
+    if relative.endswith(_LFS_SUFFIXES):
+        return hashlib.sha256(data).hexdigest()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _write_snapshot(repo_dir: Path, commit: str, files: Mapping[str, bytes]) -> Path:
+    """Blobs in ``blobs/``, and ``snapshots/<commit>/<path>`` relative symlinks to them.
+
+    Exactly huggingface_hub's layout: a file ``a/b.py`` of the snapshot links to
+    ``../../../blobs/<sha>`` (one ``../`` per folder below ``snapshots``).
+    """
+    blobs = repo_dir / "blobs"
+    blobs.mkdir(parents=True, exist_ok=True)
+    snapshot = repo_dir / "snapshots" / commit
+    for relative, data in files.items():
+        blob = _blob_name(relative, data)
+        if not (blobs / blob).is_file():
+            (blobs / blob).write_bytes(data)
+        parts = relative.split("/")
+        link = snapshot.joinpath(*parts)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to("../" * (len(parts) + 1) + "blobs/" + blob)
+    return snapshot
+
+
 def _write_hub_repo(
     cache_dir: Path, repo_id: str, files: Mapping[str, bytes], commit: str | None
 ) -> Path:
@@ -505,8 +538,7 @@ def _write_hub_repo(
     if not re.fullmatch(r"[0-9a-f]{40}", commit):
         raise ValueError(f"commit must be 40 lowercase hex digits, got {commit!r}")
     repo_dir = cache_dir / ("models--" + repo_id.replace("/", "--"))
-    snapshot = repo_dir / "snapshots" / commit
-    _write_files(snapshot, files)
+    snapshot = _write_snapshot(repo_dir, commit, files)
     (repo_dir / "refs").mkdir(parents=True, exist_ok=True)
     (repo_dir / "refs" / "main").write_text(commit, encoding="utf-8")
     return snapshot
@@ -534,8 +566,12 @@ def write_hub_model(
 ) -> Path:
     """Write ``repo_id`` into a Hugging Face hub cache (``HF_HUB_CACHE``) and return its snapshot.
 
-    The layout is ``models--{org}--{name}/snapshots/{commit}/...`` plus ``refs/main``, with plain
-    files instead of blob symlinks; huggingface_hub and transformers load it offline
+    The layout is huggingface_hub's: ``models--{org}--{name}/blobs/{sha}`` files (sha256 of an
+    LFS file such as the weights, git's blob sha1 of any other), ``snapshots/{commit}/{path}``
+    relative symlinks to them (``../../blobs/{sha}``, one more ``../`` per folder of ``path``)
+    and ``refs/main``. Change a file by writing a new blob and relinking, as a download would:
+    writing through a link changes the blob every snapshot sharing it sees. huggingface_hub and
+    transformers load it offline
     (``HF_HUB_OFFLINE=1``) given ``cache_dir=`` or ``HF_HUB_CACHE``. The default commit is derived
     from the repo id and the file bytes. ``spec.cross_repo`` is written into the same cache too.
     """
