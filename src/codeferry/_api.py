@@ -11,9 +11,9 @@ from . import _loader, _pickling, _policy, _transformers
 from ._lockfile import Lock, read_lock
 from ._resolve import Bundle, resolve
 from ._store import UnitData, unit_digest
-from .errors import RemoteCodeExecutionError, TrustRequiredError
+from .errors import CodeChangedError, RemoteCodeExecutionError, TrustRequiredError
 
-__all__ = ["load", "units_of", "class_key"]
+__all__ = ["load", "load_pinned", "units_of", "class_key"]
 
 _lock = threading.Lock()
 
@@ -77,7 +77,47 @@ def load(
     of a lock file) that lists exactly this code; once a lock was used in a process, that
     process runs (and accepts from other processes) only code some lock of it lists.
     """
+    return _load(model, trust_remote_code, revision, lock, None)
+
+
+def load_pinned(
+    model: str | os.PathLike[str],
+    digest: str,
+    *,
+    trust_remote_code: bool = False,
+    revision: str | None = None,
+    lock: Lock | str | os.PathLike[str] | None = None,
+) -> Mapping[str, Any]:
+    """``load``, only if the code found now is ``digest``: what a parent checked for its workers.
+
+    Trust is a decision about one digest, not about a folder: a worker started (or
+    replaced, or resumed) after the folder changed raises ``CodeChangedError`` naming
+    both digests before it executes anything.
+    """
+    return _load(model, trust_remote_code, revision, lock, digest)
+
+
+def code_changed(bundle: Bundle, expected: str) -> CodeChangedError:
+    return CodeChangedError(
+        f"the code of {bundle.source.name} changed since it was checked: the parent decided "
+        f"on digest {expected}, this process found {bundle.digest}; none of it ran.",
+        expected=expected, actual=bundle.digest, digest=bundle.digest,
+        model=bundle.source.name, path=str(bundle.source.root),
+        fix="the model folder changed while in use: restore it, or start a new Executor "
+        "(rerun the command) to check the new code (`codeferry inspect MODEL` shows it).",
+    )
+
+
+def _load(
+    model: str | os.PathLike[str],
+    trust_remote_code: bool,
+    revision: str | None,
+    lock: Lock | str | os.PathLike[str] | None,
+    expected: str | None,
+) -> Mapping[str, Any]:
     bundle = resolve(model, revision=revision, requirements=False)
+    if expected is not None and bundle.digest != expected:
+        raise code_changed(bundle, expected)
     bundle.check()
     if lock is not None:
         locked = lock if isinstance(lock, Lock) else read_lock(lock)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Literal
 
-from ._api import load
+from ._api import load_pinned
 from ._lockfile import Lock, read_lock
 from ._resolve import resolve
 from ._worker import error_payload, remote_error
@@ -76,14 +76,19 @@ class DoctorReport:
 
 
 def _worker(index: int, model: str, revision: str | None, lock: Lock | None,
-            config_bytes: bytes, conn: Connection) -> None:
-    """Runs in the worker. Always answers on ``conn``, with a result or the error."""
+            config_bytes: bytes, conn: Connection, digest: str) -> None:
+    """Runs in the worker. Always answers on ``conn``, with a result or the error.
+
+    It loads only ``digest``, the code the parent checked (``CodeChangedError`` if the
+    folder holds other code by now).
+    """
     start = time.perf_counter()
     try:
         if lock is not None:  # bind this worker to the lock before anything arrives
-            load(model, lock=lock, revision=revision)
+            load_pinned(model, digest, lock=lock, revision=revision)
         config = pickle.loads(config_bytes)
-        classes = load(model, trust_remote_code=lock is None, revision=revision, lock=lock)
+        classes = load_pinned(model, digest, trust_remote_code=lock is None, revision=revision,
+                              lock=lock)
         config_cls = classes.get("AutoConfig")
         checks: dict[str, Any] = {
             "config_class_is_loaded_class": type(config) is config_cls,
@@ -122,7 +127,8 @@ def doctor(
 
     bundle = resolve(model, revision=revision)
     locked = read_lock(lock) if isinstance(lock, str) else lock
-    load(model, trust_remote_code=trust_remote_code, revision=revision, lock=locked)
+    load_pinned(model, bundle.digest, trust_remote_code=trust_remote_code, revision=revision,
+                lock=locked)
     config = AutoConfig.from_pretrained(str(bundle.source.root))
     from multiprocessing.reduction import ForkingPickler
 
@@ -133,7 +139,8 @@ def doctor(
         parent_end, child_end = ctx.Pipe(duplex=False)
         proc = ctx.Process(
             target=_worker,
-            args=(index, str(bundle.source.root), revision, locked, config_bytes, child_end),
+            args=(index, str(bundle.source.root), revision, locked, config_bytes, child_end,
+                  bundle.digest),
             name=f"codeferry-doctor-{index}", daemon=True,
         )
         proc.start()

@@ -12,6 +12,11 @@
       │  process sentinel: a death is       ▼
       └─ seen the moment it happens ◀───── (request_id, "ok"|"error", ...)
 
+Every worker runs exactly the code digest the parent checked (``Executor.digest``): one
+started or replaced after the model folder changed fails with ``CodeChangedError``,
+naming both digests, before it executes anything; that is not retried, and every later
+call raises it too.
+
 Every batch is in flight on at most one worker. When a worker's process dies (an
 ``os._exit``, SIGKILL, a segfault) the scheduler sees its sentinel, starts a
 replacement and sends the batch again; a batch whose model raised is sent again too.
@@ -38,7 +43,7 @@ from typing import Any, Literal
 from ._lockfile import Lock, read_lock
 from ._resolve import resolve
 from ._worker import WorkerSpec, remote_error, worker_main
-from .errors import BatchFailedError, WorkerError, WorkerStartupError
+from .errors import BatchFailedError, CodeChangedError, WorkerError, WorkerStartupError
 
 __all__ = ["Executor", "Outcome"]
 
@@ -123,6 +128,10 @@ class Executor:
 
             raise trust_error(bundle)
         self.model = str(bundle.source.root)
+        #: The code decided on here; every worker, and every replacement, runs exactly it.
+        self.digest = bundle.digest
+        #: Set when the model's code changed under a running executor: every call raises it.
+        self._failure: CodeChangedError | None = None
         self.batch_size = batch_size
         self.max_retries = max_retries
         self.startup_timeout = startup_timeout
@@ -131,7 +140,7 @@ class Executor:
         threads = threads_per_worker or max(1, (os.cpu_count() or 1) // workers)
         self._specs = [
             WorkerSpec(self.model, revision, trust_remote_code, locked,
-                       _device_for(device, slot), dtype, threads, tuple(preload))
+                       _device_for(device, slot), dtype, threads, tuple(preload), self.digest)
             for slot in range(workers)
         ]
         self._workers: list[_Worker | None] = [None] * workers
@@ -189,6 +198,10 @@ class Executor:
             return
         if message is not None and message[0] == "failed":
             cause = remote_error(message[2], slot)
+            if isinstance(cause, CodeChangedError):
+                # Not a crash: every replacement would find the same code. Stop here.
+                self._failure = cause
+                raise cause
             raise WorkerStartupError(
                 f"worker {slot} could not start: {type(cause).__name__}: {cause}",
                 worker=slot, fix="the cause above is the worker's own traceback.",
@@ -206,7 +219,7 @@ class Executor:
         the monitor stands back while one is active. Zygote-forked workers have no
         sentinel of their own apart from their pipe, which only the scheduler reads.
         """
-        while not self._closed:
+        while not self._closed and self._failure is None:
             sentinels = {w.process.sentinel: w for w in self._workers
                          if w is not None and w.process.sentinel is not w.conn}
             if not sentinels:
@@ -218,6 +231,8 @@ class Executor:
                         continue
                     try:
                         self._replace(worker.slot)
+                    except CodeChangedError:
+                        return  # recorded in _failure: the next call raises it
                     except Exception:
                         logger.exception("codeferry: could not replace worker %d", worker.slot)
 
@@ -226,6 +241,8 @@ class Executor:
         if self._closed:
             raise RuntimeError("this executor is closed")
         with self._state:
+            if self._failure is not None:
+                raise self._failure
             self._active += 1
         try:
             yield

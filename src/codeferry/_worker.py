@@ -1,9 +1,11 @@
 """What runs inside an executor worker: load the code, build the model, serve batches.
 
 A worker is started with everything it needs as plain arguments (model, trust or lock,
-device, dtype, threads). It loads the remote code itself, through ``codeferry.load``:
-nothing it inherited (from a fork, a preloaded zygote) is trusted to mean the code is
-there. It then answers one message per request on its pipe::
+the digest the parent checked, device, dtype, threads). It loads the remote code itself,
+through ``codeferry.load``: nothing it inherited (from a fork, a preloaded zygote) is
+trusted to mean the code is there, and it executes only the digest the parent checked
+(``CodeChangedError`` otherwise), so a worker started after the folder changed cannot
+run code nobody decided on. It then answers one message per request on its pipe::
 
     parent -> worker   (request_id, kind, payload)     kind: generate|embed|score|rpc|stop
     worker -> parent   (request_id, "ok", result) | (request_id, "error", (blob, tb, text))
@@ -39,6 +41,9 @@ class WorkerSpec:
     dtype: str | None
     threads: int
     preload: tuple[str, ...]
+    #: The digest the parent checked: the worker runs exactly this code or fails with
+    #: ``CodeChangedError`` (``None``: whatever the trust or lock allows).
+    digest: str | None = None
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -88,13 +93,19 @@ class _Engine:
         from transformers import AutoTokenizer
         from transformers.utils import logging as hf_logging
 
-        from . import load
+        from ._api import load_pinned
 
         hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # load reports of heads a task does not use
         torch.set_num_threads(max(1, spec.threads))
         self.spec = spec
-        self.classes = load(spec.model, trust_remote_code=spec.trust_remote_code,
-                            revision=spec.revision, lock=spec.lock)
+        if spec.digest is None:
+            from . import load
+
+            self.classes = load(spec.model, trust_remote_code=spec.trust_remote_code,
+                                revision=spec.revision, lock=spec.lock)
+        else:
+            self.classes = load_pinned(spec.model, spec.digest, revision=spec.revision,
+                                       trust_remote_code=spec.trust_remote_code, lock=spec.lock)
         self.tokenizer = AutoTokenizer.from_pretrained(spec.model, revision=spec.revision)
         if self.tokenizer.pad_token is None:
             fallback = self.tokenizer.eos_token or self.tokenizer.unk_token

@@ -46,6 +46,8 @@ __all__ = [
     "InputNotFoundError",
     "InputFormatError",
     "OutputError",
+    "CodeChangedError",
+    "ResumeMismatchError",
 ]
 
 
@@ -327,3 +329,37 @@ class InputFormatError(CodeferryError, ValueError):
 
 class OutputError(CodeferryError, OSError):
     """The ``--output`` file of ``codeferry run`` cannot be opened, locked or written."""
+
+
+# -- the code the parent checked ------------------------------------------------------
+
+
+class CodeChangedError(_CodeError, PermissionError):
+    """A worker found other code than the parent checked: the model changed on disk since.
+
+    ``expected`` is the digest the parent decided on, ``actual`` the digest the worker
+    resolved; nothing of ``actual`` was executed. Not a crash: retrying finds the same.
+    """
+
+    def __init__(
+        self, message: str, *, expected: str | None = None, actual: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.expected = expected
+        self.actual = actual
+
+
+class ResumeMismatchError(CodeferryError, ValueError):
+    """``codeferry run`` would resume an output that another model, code or option set wrote.
+
+    ``differences`` maps each field that differs (``model``, ``digest``, ``task``, an
+    option) to ``(recorded, now)``.
+    """
+
+    def __init__(
+        self, message: str, *, differences: dict[str, tuple[Any, Any]] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.differences = differences or {}
