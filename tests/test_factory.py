@@ -8,6 +8,7 @@ fresh process with a private ``HF_HOME`` is the only clean way, and one process 
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import os
 import subprocess
@@ -438,6 +439,20 @@ def test_hub_layout(models: dict[str, Path]) -> None:
         "org/shared-heads--modeling_heads.SharedHeadForSequenceClassification"
     )
     assert models["hub_pinned"].name == PINNED_COMMIT
+    # huggingface_hub's layout: every snapshot file is a relative symlink into ../../blobs
+    # (one more ../ per folder), blobs named by sha256 (LFS files) or git's blob sha1.
+    for rel, data in tree_bytes(snapshot).items():
+        link = snapshot / rel
+        assert link.is_symlink(), rel
+        target = os.readlink(link)
+        depth = rel.count("/") + 2
+        assert target.startswith("../" * depth + "blobs/") and "../" * (depth + 1) not in target
+        assert link.resolve().parent == (repo / "blobs").resolve()
+        name = target.rsplit("/", 1)[1]
+        if rel.endswith(".safetensors"):
+            assert name == hashlib.sha256(data).hexdigest()
+        else:
+            assert name == hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
     with pytest.raises(ValueError):
         write_hub_model(hub, "acme/bad", commit="not-a-sha")
     with pytest.raises(ValueError):

@@ -92,6 +92,10 @@ class Executor:
     with ``trust_remote_code=True`` or a ``lock``, in the parent's decision and again in
     each worker, which loads and verifies the code itself.
 
+    ``digest`` is the code digest the caller already checked, if any: other code found
+    now raises ``CodeChangedError``. Either way, ``self.digest`` is what every worker (and
+    every replacement) verifies before it executes anything.
+
     ``warm=True`` forks workers from a zygote that has torch and transformers imported
     already (started once per process, see ``_zygote``) instead of starting each one
     with ``start_method``: seconds saved per worker, and each still loads and verifies
@@ -115,10 +119,15 @@ class Executor:
         preload: Sequence[str] = ("generate",),
         warm: bool = False,
         startup_timeout: float = 600.0,
+        digest: str | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
         bundle = resolve(model, revision=revision)
+        if digest is not None and bundle.digest != digest:
+            from ._api import code_changed
+
+            raise code_changed(bundle, digest)
         bundle.check()
         locked = lock if isinstance(lock, Lock) or lock is None else read_lock(lock)
         if locked is not None:

@@ -29,10 +29,22 @@ Resuming: a run whose output file already holds lines skips the ids written ther
 each id at most once, in input order. A last line without its ``\\n`` (or not valid JSON) is
 cut away first. An output holding an id the input lacks, an id twice, or the results of
 another task is refused. An exclusive ``flock`` keeps two runs off one output file.
+
+What produced an output is recorded next to it, in ``<output>.codeferry.json`` (written
+atomically before the first line; the JSONL lines themselves stay as above)::
+
+    {"format": "codeferry-run/1", "model": "org/name@<commit>", "digest": "sha256:...",
+     "task": "generate", "options": {"max_new_tokens": 16, "dtype": null}, "earlier": []}
+
+A resume whose model, code digest, task or options differ from the record is refused
+with ``ResumeMismatchError`` naming each difference, so one output never silently mixes
+them; ``force_resume`` (``--force-resume``) appends anyway and keeps the earlier record
+in ``earlier``. An output written before records existed is resumed as before.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import multiprocessing.util
@@ -53,6 +65,7 @@ from .errors import (
     InputFormatError,
     InputNotFoundError,
     OutputError,
+    ResumeMismatchError,
 )
 
 __all__ = [
@@ -333,6 +346,99 @@ def _lock_exclusive(fd: int, path: Path) -> None:
         ) from None
 
 
+# -- what produced the output ----------------------------------------------------------
+
+_RECORD_FORMAT = "codeferry-run/1"
+#: The worker's ``max_new_tokens`` when none is given (``--max-new-tokens``' default).
+DEFAULT_MAX_NEW_TOKENS = 16
+
+
+def record_path(output: Path) -> Path:
+    """Where the record of what produced ``output`` lives: next to it."""
+    return output.with_name(output.name + ".codeferry.json")
+
+
+def _producer(bundle: Bundle, task: Task, max_new_tokens: int | None, pooling: str | None,
+              dtype: str | None) -> dict[str, Any]:
+    """What decides an output's lines: the model, its code, the task and its options."""
+    options: dict[str, Any] = {"dtype": dtype}
+    if task == "generate":
+        options["max_new_tokens"] = max_new_tokens or DEFAULT_MAX_NEW_TOKENS
+    elif task == "embed":
+        options["pooling"] = pooling or "mean"
+    return {"model": bundle.source.name, "digest": bundle.digest, "task": task,
+            "options": options}
+
+
+def _flat(producer: dict[str, Any]) -> dict[str, Any]:
+    fields = {k: producer.get(k) for k in ("model", "digest", "task")}
+    options = producer.get("options")
+    for key, value in sorted((options if isinstance(options, dict) else {}).items()):
+        fields[key] = value
+    return fields
+
+
+def _check_record(output: Path, producer: dict[str, Any], resuming: bool,
+                  force: bool) -> dict[str, Any] | None:
+    """The record to write before the first line (``None``: the one there is right).
+
+    Raises ``ResumeMismatchError`` when resuming an output another producer wrote.
+    """
+    path = record_path(output)
+    fresh = {"format": _RECORD_FORMAT, **producer, "earlier": []}
+    try:
+        recorded: Any = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return fresh  # a new output, or one written before records existed
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        if not resuming or force:
+            return fresh
+        raise OutputError(
+            f"cannot read {path}, the record of what produced {output}: {exc}.",
+            path=str(path), fix="delete the output and its record to start over, or pass "
+            "--force-resume to append to it anyway.") from None
+    if not resuming:
+        return fresh
+    if not isinstance(recorded, dict) or recorded.get("format") != _RECORD_FORMAT:
+        recorded = {}
+    before, now = _flat(recorded), _flat(producer)
+    differences = {key: (before.get(key), now[key]) for key in now if before.get(key) != now[key]}
+    if not differences:
+        return None
+    if force:
+        earlier = recorded.get("earlier")
+        previous = {k: v for k, v in recorded.items() if k not in ("format", "earlier")}
+        return {**fresh, "earlier": [*(earlier if isinstance(earlier, list) else []), previous]}
+    shown = "; ".join(f"{key} was {json.dumps(old)}, is {json.dumps(new)}"
+                      for key, (old, new) in differences.items())
+    raise ResumeMismatchError(
+        f"the existing output was produced by another {', '.join(differences)}: {shown} "
+        f"(recorded in {path}).",
+        path=str(output), differences=differences,
+        fix="rerun with what produced it, choose another --output, delete the output and "
+        "its record to start over, or pass --force-resume to append to it anyway.",
+    )
+
+
+def _write_record(output: Path, record: dict[str, Any]) -> None:
+    """Replace the record whole or not at all: a temporary file, fsync'd, then renamed."""
+    path = record_path(output)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, (json.dumps(record, indent=1) + "\n").encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}.", path=str(path),
+                          fix="choose a writable --output folder.") from None
+
+
 # -- progress ---------------------------------------------------------------------------
 
 
@@ -471,13 +577,15 @@ def run(
     progress: bool | None = None,
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
+    force_resume: bool = False,
 ) -> RunResult:
     """Run ``task`` on every input of ``input_path``; write JSONL to ``output`` (``None``:
     ``stdout``), resuming an output that already holds some ids.
 
     ``batch_size`` defaults to 8, smaller when there are fewer than 8 inputs per worker;
     no more workers start than there are batches. ``progress`` (default: whether ``stderr``
-    is a terminal) draws a progress bar on ``stderr``.
+    is a terminal) draws a progress bar on ``stderr``. ``force_resume`` appends to an output
+    that another model, code digest or option set produced (refused otherwise).
     """
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
@@ -494,6 +602,14 @@ def run(
     path = None if output is None or str(output) == "-" else Path(output)
     sink = _Sink(path, out)
     state = sink.open(items, task)
+    record = None
+    if path is not None:
+        try:
+            record = _check_record(path, _producer(bundle, task, max_new_tokens, pooling, dtype),
+                                   bool(state.ids), force_resume)
+        except BaseException:
+            sink.close(discard=True)
+            raise
     result = RunResult(total=len(items), skipped=len(state.ids), failed=state.failed,
                        output=None if path is None else str(path))
     remaining = [item for item in items if item.id not in state.ids]
@@ -508,13 +624,19 @@ def run(
             bar.finish(f"resuming: {result.skipped} of {result.total} already in {path}")
         bar.message(f"starting {count} worker{'s' if count > 1 else ''} ({start_method})...")
         try:
+            if path is not None and record is not None:
+                _write_record(path, record)
+            # The code checked above, pinned: workers verify they run exactly its digest.
             executor = Executor(
-                model, workers=count, start_method=start_method, device=device,
-                dtype=dtype, trust_remote_code=trust, lock=locked, revision=revision,
-                batch_size=size, preload=(task,),
+                str(bundle.source.root), workers=count, start_method=start_method,
+                device=device, dtype=dtype, trust_remote_code=trust, lock=locked,
+                revision=revision, batch_size=size, preload=(task,), digest=bundle.digest,
             )
         except BaseException:
             sink.close(discard=True)
+            if path is not None and record is not None and not path.exists():
+                with contextlib.suppress(OSError):
+                    record_path(path).unlink()
             raise
         with executor:
             bar.start()

@@ -173,7 +173,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             trust_remote_code=args.trust_remote_code, lock=args.lock, workers=workers,
             start_method=args.start_method, batch_size=args.batch_size,
             max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
-            pooling=args.pooling, revision=args.revision,
+            pooling=args.pooling, revision=args.revision, force_resume=args.force_resume,
         )
     except BrokenPipeError:  # `codeferry run | head`: the reader left; stop quietly
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -275,6 +275,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="weights dtype (default: the model's)")
     run.add_argument("--pooling", choices=["mean", "cls", "last"],
                      help="how token vectors become one embedding (--task embed; default: mean)")
+    run.add_argument("--force-resume", action="store_true",
+                     help="resume an --output that another model, code digest, task option or "
+                     "dtype produced (OUTPUT.codeferry.json records what did; a mismatch is "
+                     "refused without this flag)")
     _common_options(run)
     run.set_defaults(func=_cmd_run)
 
