@@ -210,6 +210,7 @@ class Executor:
             if isinstance(cause, CodeChangedError):
                 # Not a crash: every replacement would find the same code. Stop here.
                 self._failure = cause
+                worker.process.join(5)  # it exits by itself, having run nothing
                 raise cause
             raise WorkerStartupError(
                 f"worker {slot} could not start: {type(cause).__name__}: {cause}",
