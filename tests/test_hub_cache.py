@@ -171,3 +171,20 @@ def test_a_symlink_out_of_the_repo_folder_is_refused(
             assert "modeling_escape.py" in str(info.value)
             with pytest.raises(UnsafePathError):
                 codeferry.Executor(model, workers=1, trust_remote_code=True)
+
+
+def test_a_model_in_a_sub_folder_of_a_snapshot_reads_its_blobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    outer = write_hub_model(cache, "acme/outer", ModelSpec(name="outer"))
+    inner = outer / "inner"
+    inner.mkdir()
+    for link in outer.iterdir():  # the same files, one folder deeper, as a download has them
+        if link.is_symlink():
+            (inner / link.name).symlink_to("../" + os.readlink(link))
+    bundle = codeferry.resolve(inner)
+    bundle.check()
+    assert bundle.source.root == inner.resolve() and bundle.source.fence == outer.parents[1].resolve()
+    assert bundle.digest == codeferry.resolve(outer).digest

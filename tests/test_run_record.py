@@ -19,9 +19,9 @@ import torch  # noqa: F401
 import transformers.modeling_utils  # noqa: F401
 
 import codeferry
-from codeferry import cli
+from codeferry import _run, cli
 from codeferry._run import record_path, run
-from codeferry.errors import ResumeMismatchError
+from codeferry.errors import CodeChangedError, ResumeMismatchError
 from codeferry.testing import ModelSpec, write_model
 
 ROWS = [{"id": f"r{i}", "prompt": f"prompt number {i}"} for i in range(8)]
@@ -112,6 +112,28 @@ def test_an_output_without_a_record_resumes_and_gets_one(tmp_path: Path) -> None
         write_jsonl(source, ROWS[:4])
         run(model, source, output, task="embed", pooling="cls", **FAST)
     assert info.value.differences == {"pooling": ("mean", "cls")}
+
+
+def test_a_run_whose_model_changes_after_the_check_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = write_model(tmp_path / "moving", ModelSpec(name="moving", tokenizer=True))
+    source, output = write_jsonl(tmp_path / "in.jsonl", ROWS[:2]), tmp_path / "out.jsonl"
+    real_resolve = _run.resolve
+    checked: list[str] = []
+
+    def resolve_then_change(*args: Any, **kwargs: Any) -> codeferry.Bundle:
+        bundle = real_resolve(*args, **kwargs)  # what the record and the workers pin...
+        checked.append(bundle.digest)
+        modeling = model / "modeling_moving.py"  # ...and the folder changes right after
+        modeling.write_text(modeling.read_text() + "\n# changed during the run\n")
+        return bundle
+
+    monkeypatch.setattr(_run, "resolve", resolve_then_change)
+    with pytest.raises(CodeChangedError) as info:
+        run(model, source, output, **FAST)
+    assert info.value.expected == checked[0] != info.value.actual
+    assert not output.exists() and not record_path(output).exists()
 
 
 def test_help_documents_force_resume(capsys: pytest.CaptureFixture[str]) -> None:

@@ -120,7 +120,14 @@ def locate(
     path = Path(model).expanduser()
     if path.is_dir():
         root = path.resolve()
-        return snapshot_source(root) or ModelSource(root, root)
+        found = snapshot_source(root)
+        if found is not None:
+            return found
+        # A model in a sub-folder of a snapshot (``subfolder=``): its links reach the blobs too.
+        for above in root.parents:
+            if (outer := snapshot_source(above)) is not None:
+                return ModelSource(root, outer.fence)
+        return ModelSource(root, root)
     text = os.fspath(model)
     looks_like_path = path.is_absolute() or text.startswith(".") or path.exists() or text.count("/") > 1
     if looks_like_path or not text:
