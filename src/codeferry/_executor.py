@@ -88,7 +88,8 @@ class _Worker:
 class Executor:
     """Batch inference of ``model`` on ``workers`` processes; a context manager.
 
-    ``model`` is a folder or a cached repo id, remote code or not. Remote code runs only
+    ``model`` is a folder, a cached repo id or a snapshot folder of the hub cache, remote
+    code or not; workers get the snapshot folder, fenced like the repo. Remote code runs only
     with ``trust_remote_code=True`` or a ``lock``, in the parent's decision and again in
     each worker, which loads and verifies the code itself.
 
