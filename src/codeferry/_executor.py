@@ -128,6 +128,8 @@ class Executor:
         self.startup_timeout = startup_timeout
         self.warm = warm
         self._ctx: Any = mp.get_context(start_method)
+        # Workers exit when this pipe reads EOF: when this process is gone (_watch_parent).
+        self._lifeline, self._lifeline_end = self._ctx.Pipe(duplex=False)
         threads = threads_per_worker or max(1, (os.cpu_count() or 1) // workers)
         self._specs = [
             WorkerSpec(self.model, revision, trust_remote_code, locked,
@@ -164,7 +166,9 @@ class Executor:
             return
         parent_end, child_end = self._ctx.Pipe()
         proc = self._ctx.Process(
-            target=worker_main, args=(self._specs[slot], child_end, os.getpid()),
+            target=worker_main,
+            args=(self._specs[slot], child_end, os.getpid(), self._lifeline,
+                  self._lifeline_end if self._ctx.get_start_method() == "fork" else None),
             name=f"codeferry-worker-{slot}", daemon=True,
         )
         proc.start()
@@ -254,6 +258,8 @@ class Executor:
                 worker.process.kill()
                 worker.process.join(5)
             worker.conn.close()
+        self._lifeline_end.close()
+        self._lifeline.close()
 
     def __enter__(self) -> Executor:
         return self
