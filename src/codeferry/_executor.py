@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, Literal
 
+from ._checks import check_device, check_main_guard
 from ._lockfile import Lock, read_lock
 from ._resolve import resolve
 from ._worker import WorkerSpec, remote_error, worker_main
@@ -113,6 +114,9 @@ class Executor:
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
+        # Mistakes a worker would only report as an exit code: refused here, typed.
+        check_main_guard("spawn" if warm else start_method)  # the zygote is spawned
+        check_device(device)
         bundle = resolve(model, revision=revision)
         bundle.check()
         locked = lock if isinstance(lock, Lock) or lock is None else read_lock(lock)

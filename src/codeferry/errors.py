@@ -46,6 +46,8 @@ __all__ = [
     "InputNotFoundError",
     "InputFormatError",
     "OutputError",
+    "DeviceError",
+    "MainGuardError",
 ]
 
 
@@ -327,3 +329,26 @@ class InputFormatError(CodeferryError, ValueError):
 
 class OutputError(CodeferryError, OSError):
     """The ``--output`` file of ``codeferry run`` cannot be opened, locked or written."""
+
+
+# -- messages that lead somewhere -------------------------------------------------------
+
+
+class DeviceError(CodeferryError, ValueError):
+    """``device`` is not a device string torch knows, or names a device this machine lacks.
+
+    Raised in the parent before any worker starts; ``device`` is what was asked for.
+    """
+
+    def __init__(self, message: str, *, device: str | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.device = device
+
+
+class MainGuardError(CodeferryError, RuntimeError):
+    """Workers would be started while the main script is being imported.
+
+    Spawn and forkserver workers import the main script again; without an
+    ``if __name__ == "__main__":`` guard the script starts an executor in every worker,
+    which multiprocessing refuses. ``path``/``line`` name the unguarded statement.
+    """
