@@ -50,6 +50,8 @@ def _watch_parent(parent_pid: int, lifeline: Connection | None) -> None:
     so a change of parent means nothing there: the ``lifeline`` does. It is the read
     end of a pipe whose only write end the executor holds, so it reads EOF (``poll``
     returns) when the executor dies, however it dies; nothing is ever written to it.
+    A process forked from the executor for other reasons would hold a copy of that write
+    end, so the executor's pid is checked too.
     """
     ours = os.getppid() == parent_pid  # False under forkserver
     while True:
@@ -63,6 +65,13 @@ def _watch_parent(parent_pid: int, lifeline: Connection | None) -> None:
             time.sleep(0.2)
         if ours and os.getppid() != parent_pid:
             os._exit(0)  # orphaned: leave now, whatever we were doing
+        if not ours:
+            try:
+                os.kill(parent_pid, 0)
+            except ProcessLookupError:
+                os._exit(0)
+            except PermissionError:
+                pass  # the pid is someone else's now, or not ours to signal: rely on the pipe
 
 
 ErrorPayload = tuple[bytes | None, str, str]
