@@ -201,10 +201,19 @@ def test_every_command_defaults_to_the_bundled_demo(
 UNGUARDED = """\
 import codeferry
 
-ex = codeferry.Executor({demo!r}, workers=1, start_method={method!r},
-                        trust_remote_code=True)
-print(ex.generate(["hi"]))
+{start}
+print("started")
 """
+
+STARTS = {
+    "spawn": "codeferry.Executor({demo!r}, workers=1, start_method='spawn', trust_remote_code=True)",
+    "forkserver": "codeferry.Executor({demo!r}, workers=1, start_method='forkserver', "
+                  "trust_remote_code=True)",
+    "warm": "codeferry.Executor({demo!r}, workers=1, start_method='fork', warm=True, "
+            "trust_remote_code=True)",  # fork workers, but from a spawned zygote
+    "doctor": "__import__('codeferry._doctor', fromlist=['doctor']).doctor({demo!r}, trust_remote_code=True, "
+              "workers=1, start_method='spawn')",
+}
 
 GUARDED = """\
 import codeferry
@@ -253,15 +262,15 @@ def run_script(tmp_path: Path, template: str, method: str) -> subprocess.Complet
                           timeout=300, cwd=tmp_path, env=env)
 
 
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
-def test_an_unguarded_script_is_told_to_add_the_main_guard(tmp_path: Path, method: str) -> None:
-    done = run_script(tmp_path, UNGUARDED, method)
-    assert done.returncode == 1
+@pytest.mark.parametrize("how", list(STARTS))
+def test_an_unguarded_script_is_told_to_add_the_main_guard(tmp_path: Path, how: str) -> None:
+    done = run_script(tmp_path, UNGUARDED.replace("{start}", STARTS[how]), "spawn")
+    assert done.returncode == 1 and "started" not in done.stdout
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("codeferry.errors.MainGuardError: ")
     assert f"{tmp_path / 'job.py'}:3: " in last  # the unguarded line
     assert 'if __name__ == "__main__":' in last
-    assert "bootstrapping" in last and "exit code" not in done.stderr
+    assert "bootstrapping" in last and "died with exit code" not in done.stderr
 
 
 def test_an_unguarded_import_in_the_child_is_refused_there(tmp_path: Path) -> None:

@@ -118,7 +118,7 @@ def check_main_guard(start_method: str) -> None:
         "workers itself, which multiprocessing refuses (\"An attempt has been made to start "
         "a new process before the current process has finished its bootstrapping phase\").",
         path=path, line=line,
-        fix='move the code that starts the executor under `if __name__ == "__main__":`, '
+        fix='move the code that starts them under `if __name__ == "__main__":`, '
         "or use start_method='fork'.")
 
 
