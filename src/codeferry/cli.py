@@ -3,9 +3,9 @@
 Exit codes: 0 success, 1 the model has blocking problems (or a command found them),
 2 usage errors (bad arguments, a model that is not there, a device this machine lacks).
 Errors print one line (``codeferry: error: ...``), after the last frames of the worker's
-traceback when a worker failed; ``--debug`` adds the whole traceback. Every command's
-MODEL is optional: without it, the command works on the bundled demo model. Nothing is written when a
-command fails: outputs go to a temporary file that is renamed into place at the end.
+traceback when a worker failed; ``--debug`` adds the whole traceback. Nothing is written
+when a command fails: outputs go to a temporary file that is renamed into place at the end.
+Every command's MODEL is optional: without it, the command works on the bundled demo.
 """
 
 from __future__ import annotations
