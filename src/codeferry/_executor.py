@@ -92,6 +92,10 @@ class Executor:
     already (started once per process, see ``_zygote``) instead of starting each one
     with ``start_method``: seconds saved per worker, and each still loads and verifies
     the code itself.
+
+    Refused before any worker starts (``_checks``): a ``device`` this machine's torch
+    cannot use (``DeviceError``), and spawn or forkserver workers started by a main script
+    outside ``if __name__ == "__main__":`` (``MainGuardError``).
     """
 
     def __init__(
