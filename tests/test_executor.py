@@ -214,7 +214,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("method", ["spawn", "fork"])
+@pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
 def test_killing_the_parent_leaves_no_orphan(tmp_path: Path, method: str) -> None:
     path = crash_model(tmp_path)
     proc = subprocess.Popen([sys.executable, "-c", ORPHAN_SCRIPT, str(path), method],

@@ -22,6 +22,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Literal
 
 from ._api import load_pinned
+from ._checks import check_main_guard
 from ._lockfile import Lock, read_lock
 from ._resolve import resolve
 from ._worker import error_payload, remote_error
@@ -125,6 +126,7 @@ def doctor(
     """Load ``model`` here, send its config to ``workers`` fresh processes, report each."""
     from transformers import AutoConfig
 
+    check_main_guard(start_method)  # a worker would die bootstrapping, with exit code 1
     bundle = resolve(model, revision=revision)
     locked = read_lock(lock) if isinstance(lock, str) else lock
     load_pinned(model, bundle.digest, trust_remote_code=trust_remote_code, revision=revision,

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, Literal
 
+from ._checks import check_device, check_main_guard
 from ._lockfile import Lock, read_lock
 from ._resolve import resolve
 from ._worker import WorkerSpec, remote_error, worker_main
@@ -101,6 +102,10 @@ class Executor:
     already (started once per process, see ``_zygote``) instead of starting each one
     with ``start_method``: seconds saved per worker, and each still loads and verifies
     the code itself.
+
+    Refused before any worker starts (``_checks``): a ``device`` this machine's torch
+    cannot use (``DeviceError``), and spawn or forkserver workers started by a main script
+    outside ``if __name__ == "__main__":`` (``MainGuardError``).
     """
 
     def __init__(
@@ -124,6 +129,9 @@ class Executor:
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
+        # Mistakes a worker would only report as an exit code: refused here, typed.
+        check_main_guard("spawn" if warm else start_method)  # the zygote is spawned
+        check_device(device)
         bundle = resolve(model, revision=revision)
         if digest is not None and bundle.digest != digest:
             from ._api import code_changed
@@ -147,6 +155,8 @@ class Executor:
         self.startup_timeout = startup_timeout
         self.warm = warm
         self._ctx: Any = mp.get_context(start_method)
+        # Workers exit when this pipe reads EOF: when this process is gone (_watch_parent).
+        self._lifeline, self._lifeline_end = self._ctx.Pipe(duplex=False)
         threads = threads_per_worker or max(1, (os.cpu_count() or 1) // workers)
         self._specs = [
             WorkerSpec(self.model, revision, trust_remote_code, locked,
@@ -183,7 +193,9 @@ class Executor:
             return
         parent_end, child_end = self._ctx.Pipe()
         proc = self._ctx.Process(
-            target=worker_main, args=(self._specs[slot], child_end, os.getpid()),
+            target=worker_main,
+            args=(self._specs[slot], child_end, os.getpid(), self._lifeline,
+                  self._lifeline_end if self._ctx.get_start_method() == "fork" else None),
             name=f"codeferry-worker-{slot}", daemon=True,
         )
         proc.start()
@@ -282,6 +294,8 @@ class Executor:
                 worker.process.kill()
                 worker.process.join(5)
             worker.conn.close()
+        self._lifeline_end.close()
+        self._lifeline.close()
 
     def __enter__(self) -> Executor:
         return self

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,17 +196,47 @@ class Lock:
             ),
         )
 
+    def is_for(self, bundle: Bundle) -> bool:
+        """Whether this lock was made for ``bundle``'s model (by name: a repo id, or its
+        last part, or a folder's name), whatever its code is now."""
+        return bool(_names(self.model) & _model_names(bundle))
+
+    def new_path(self, bundle: Bundle) -> str:
+        """Where a lock of ``bundle``'s model can go without overwriting this one: next to
+        it, named after the model."""
+        stem = re.sub(r"[^A-Za-z0-9._-]+", "-", _model_name(bundle).rsplit("/", 1)[-1]).strip("-.")
+        folder = Path(self.source).parent if self.source else Path()
+        candidate = folder / f"{stem or 'model'}.lock"
+        number = 2
+        while candidate.exists() or (self.source and str(candidate) == self.source):
+            candidate = folder / f"{stem or 'model'}-{number}.lock"
+            number += 1
+        return str(candidate)
+
     def check(self, bundle: Bundle) -> None:
         """Raise ``LockMismatchError`` unless ``bundle`` is exactly the locked code."""
         src = bundle.source
+        where = self.source or "the lock"
         if src.repo_id and "/" in self.model and src.repo_id != self.model:
             raise LockMismatchError(
-                f"the lock is for {self.model}, not {src.repo_id}.", path=self.source,
-                fix=f"use the lock of {src.repo_id}, or create one: `codeferry lock {src.repo_id} -o FILE`.",
+                f"{where} is the lock of another model: {self.model}, not {src.repo_id}.",
+                path=self.source,
+                fix=f"use the lock of {src.repo_id}, or create one in a new file: "
+                f"`codeferry lock {src.repo_id} -o {self.new_path(bundle)}`.",
             )
         if bundle.digest == self.digest:
             return
         diff = self.diff(bundle)
+        if not self.is_for(bundle):
+            raise LockMismatchError(
+                f"{where} is the lock of another model: {self.model}, not {src.name} "
+                f"(lock digest {self.digest}, code digest {bundle.digest}): "
+                + "; ".join(diff.lines()),
+                path=self.source, diff=diff,
+                fix=f"use the lock of {src.name}, or create one in a new file: `codeferry lock "
+                f"{src.repo_id or src.root} -o {self.new_path(bundle)}` (locking into "
+                f"{where} would overwrite the lock of {self.model}).",
+            )
         raise LockMismatchError(
             f"the code of {src.name} is not the locked code (lock digest {self.digest}, "
             f"code digest {bundle.digest}): " + "; ".join(diff.lines()),
@@ -213,6 +244,25 @@ class Lock:
             fix=f"review the changes, then re-lock: `codeferry lock {src.root} -o "
             f"{self.source or 'FILE'}`.",
         )
+
+
+def _model_name(bundle: Bundle) -> str:
+    """The name ``Lock.from_bundle`` records for ``bundle``'s model."""
+    return bundle.source.repo_id or bundle.source.root.name
+
+
+def _names(model: str) -> set[str]:
+    return {model, model.rsplit("/", 1)[-1]}
+
+
+def _model_names(bundle: Bundle) -> set[str]:
+    """Every name a lock of ``bundle``'s model may carry: a folder inside a hub cache
+    (``models--org--name/snapshots/<commit>``) also answers to its repo id."""
+    names = _names(_model_name(bundle))
+    root = bundle.source.root
+    if root.parent.name == "snapshots" and root.parent.parent.name.startswith("models--"):
+        names |= _names(root.parent.parent.name[len("models--"):].replace("--", "/"))
+    return names
 
 
 def read_lock(path: str | os.PathLike[str]) -> Lock:

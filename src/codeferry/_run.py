@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
+from ._checks import check_device
 from ._executor import Executor, Outcome
 from ._lockfile import Lock, read_lock
 from ._resolve import Bundle, resolve
@@ -598,6 +599,7 @@ def run(
     bundle = resolve(model, revision=revision)
     bundle.check()
     trust, locked = _trusted(bundle, trust_remote_code, lock)
+    check_device(device)  # before the output is opened (the executor checks again)
 
     path = None if output is None or str(output) == "-" else Path(output)
     sink = _Sink(path, out)

@@ -11,7 +11,8 @@ run code nobody decided on. It then answers one message per request on its pipe:
     worker -> parent   (request_id, "ok", result) | (request_id, "error", (blob, tb, text))
 
 and a first ``("ready", pid, info)`` or ``("failed", ...)``: the start-up handshake. A
-thread watches the parent: if it dies, the worker exits at once, busy or not, so a
+thread watches the parent (its pid, and a lifeline pipe for forkserver children, whose
+parent is the fork server): if it dies, the worker exits at once, busy or not, so a
 killed parent leaves no orphan behind.
 """
 
@@ -46,11 +47,36 @@ class WorkerSpec:
     digest: str | None = None
 
 
-def _watch_parent(parent_pid: int) -> None:
+def _watch_parent(parent_pid: int, lifeline: Connection | None) -> None:
+    """Exit the moment the executor's process is gone.
+
+    ``os.getppid()`` names the executor only when it started us itself (spawn, fork, a
+    zygote that passes its own pid). A forkserver child's parent is the fork server,
+    so a change of parent means nothing there: the ``lifeline`` does. It is the read
+    end of a pipe whose only write end the executor holds, so it reads EOF (``poll``
+    returns) when the executor dies, however it dies; nothing is ever written to it.
+    A process forked from the executor for other reasons would hold a copy of that write
+    end, so the executor's pid is checked too.
+    """
+    ours = os.getppid() == parent_pid  # False under forkserver
     while True:
-        time.sleep(0.2)
-        if os.getppid() != parent_pid:
+        if lifeline is not None:
+            try:
+                if lifeline.poll(0.2):
+                    os._exit(0)  # EOF: the executor is gone
+            except (EOFError, OSError):
+                os._exit(0)
+        else:
+            time.sleep(0.2)
+        if ours and os.getppid() != parent_pid:
             os._exit(0)  # orphaned: leave now, whatever we were doing
+        if not ours:
+            try:
+                os.kill(parent_pid, 0)
+            except ProcessLookupError:
+                os._exit(0)
+            except PermissionError:
+                pass  # the pid is someone else's now, or not ours to signal: rely on the pipe
 
 
 ErrorPayload = tuple[bytes | None, str, str]
@@ -196,11 +222,19 @@ class _Engine:
         return results
 
 
-def worker_main(spec: WorkerSpec, conn: Connection, parent_pid: int) -> None:
-    """Entry point of a worker process."""
+def worker_main(spec: WorkerSpec, conn: Connection, parent_pid: int,
+                lifeline: Connection | None = None,
+                inherited: Connection | None = None) -> None:
+    """Entry point of a worker process.
+
+    ``lifeline``: see ``_watch_parent``. ``inherited``: the executor's write end of it,
+    which a forked worker holds a copy of and must close, or EOF would never come.
+    """
     # Ctrl-C reaches the whole process group: the parent decides what stops, and how.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    if inherited is not None:
+        inherited.close()
+    threading.Thread(target=_watch_parent, args=(parent_pid, lifeline), daemon=True).start()
     try:
         engine = _Engine(spec)
     except BaseException as exc:  # noqa: BLE001 - the handshake carries it to the parent

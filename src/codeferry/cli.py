@@ -1,9 +1,11 @@
 """The ``codeferry`` command line.
 
 Exit codes: 0 success, 1 the model has blocking problems (or a command found them),
-2 usage errors (bad arguments, a model that is not there). Errors print one line
-(``codeferry: error: ...``); ``--debug`` adds the traceback. Nothing is written when a
-command fails: outputs go to a temporary file that is renamed into place at the end.
+2 usage errors (bad arguments, a model that is not there, a device this machine lacks).
+Errors print one line (``codeferry: error: ...``), after the last frames of the worker's
+traceback when a worker failed; ``--debug`` adds the whole traceback. Nothing is written
+when a command fails: outputs go to a temporary file that is renamed into place at the end.
+Every command's MODEL is optional: without it, the command works on the bundled demo.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,7 +26,13 @@ from pathlib import Path
 from . import __version__
 from ._render import render_dot, render_report
 from ._resolve import resolve
-from .errors import CodeferryError, InputNotFoundError, ModelNotFoundError
+from .errors import (
+    CodeferryError,
+    DeviceError,
+    InputNotFoundError,
+    ModelNotFoundError,
+    RemoteTraceback,
+)
 
 __all__ = ["main"]
 
@@ -64,6 +73,35 @@ def _write_graph(path: Path, dot: str) -> None:
     _write_atomic(path, rendered)
 
 
+def _remote_tail(exc: BaseException, frames: int = 3) -> str | None:
+    """The last ``frames`` frames and the error line of a worker's traceback in ``exc``'s causes.
+
+    A worker's error reaches the parent with the worker's traceback as a ``__cause__``
+    (``RemoteTraceback``), which a one-line message would drop: its fix then says the cause
+    is "above", and this prints it there.
+    """
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen and not isinstance(cause, RemoteTraceback):
+        seen.add(id(cause))
+        cause = cause.__cause__
+    if not isinstance(cause, RemoteTraceback):
+        return None
+    # A chained traceback prints the original error first: its last frames say where the
+    # worker failed (the chain's later sections are codeferry re-raising it, typed).
+    section = re.split(r"\n\n(?:The above exception was the direct cause of the following "
+                       r"exception|During handling of the above exception, another exception "
+                       r"occurred):\n\n", cause.tb)[0]
+    lines = section.rstrip("\n").splitlines()
+    starts = [i for i, text in enumerate(lines) if text.startswith('  File "')]
+    if not starts:
+        return None
+    shown = lines[starts[max(0, len(starts) - frames)]:]
+    first = "codeferry: the worker's traceback"
+    first += f" (last {frames} of {len(starts)} frames):" if len(starts) > frames else ":"
+    return "\n".join([first, *shown]) + "\n"
+
+
 def _demo() -> str:
     return str(Path(__file__).with_name("demo"))
 
@@ -97,7 +135,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from ._lockfile import read_lock
 
     lock = read_lock(args.lock)
-    bundle = resolve(args.model, revision=args.revision)
+    model = args.model or _demo()
+    bundle = resolve(model, revision=args.revision)
     diff = lock.diff(bundle)
     if bundle.digest == lock.digest:
         print(f"ok: {bundle.source.name} matches {args.lock} ({lock.digest})")
@@ -106,16 +145,30 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     print(f"  locked  {lock.digest}\n  actual  {bundle.digest}")
     for line in diff.lines():
         print(f"  {line}")
-    print(f"after reviewing the changes, re-lock: codeferry lock {args.model} -o {args.lock}")
+    if lock.is_for(bundle):
+        print(f"after reviewing the changes, re-lock: codeferry lock {model} -o {args.lock}")
+    else:
+        print(f"{args.lock} is the lock of another model ({lock.model}); to lock "
+              f"{bundle.source.name}, write a new lock file (locking into {args.lock} would "
+              f"overwrite it): codeferry lock {model} -o {lock.new_path(bundle)}")
     return 1
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from ._doctor import doctor, render_doctor
 
+    model = args.model or _demo()
+    lock = args.lock
+    if lock is None and not args.trust_remote_code:
+        from ._lockfile import Lock
+        from ._run import DEMO_DIGEST
+
+        bundle = resolve(model, revision=args.revision)
+        if bundle.digest == DEMO_DIGEST:  # the bundled demo: trusted as exactly its code, like run
+            lock = Lock.from_bundle(bundle)
     report = doctor(
-        args.model, trust_remote_code=args.trust_remote_code, workers=args.workers,
-        start_method=args.start_method, revision=args.revision, lock=args.lock,
+        model, trust_remote_code=args.trust_remote_code, workers=args.workers,
+        start_method=args.start_method, revision=args.revision, lock=lock,
     )
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
@@ -134,7 +187,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
             f"--fail-on: unknown categor{'ies' if len(unknown) > 1 else 'y'} "
             f"{', '.join(map(repr, unknown))}; valid: {', '.join(CATEGORIES)}"
         )
-    report = audit(args.model, revision=args.revision)
+    report = audit(args.model or _demo(), revision=args.revision)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:
@@ -182,6 +235,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0 if result.failed == 0 else 1
 
 
+#: Every subcommand's MODEL: optional, the bundled demo when omitted (one rule for all).
+_MODEL_HELP = ("a model folder, or a repo id in the local Hugging Face cache "
+               "(default: the bundled demo model")
+
+
 def _common_options(command: argparse.ArgumentParser) -> None:
     """Options every subcommand takes. ``--debug`` is also accepted before the command."""
     command.add_argument("--revision", help="branch, tag or commit of a cached repo (default: main)")
@@ -203,10 +261,7 @@ def _parser() -> argparse.ArgumentParser:
         help="show the classes, files, load order, requirements and problems of a model's code",
         description="Static analysis of a model's remote code. Executes nothing.",
     )
-    inspect.add_argument(
-        "model", nargs="?", default=None,
-        help="a model folder, or a repo id in the local Hugging Face cache (default: the bundled demo)",
-    )
+    inspect.add_argument("model", nargs="?", default=None, help=_MODEL_HELP + ")")
     inspect.add_argument("--json", action="store_true", help="print one JSON object")
     inspect.add_argument("--graph", metavar="FILE", help="write the import graph (.dot, .svg, .png)")
     _common_options(inspect)
@@ -215,9 +270,11 @@ def _parser() -> argparse.ArgumentParser:
     doc = sub.add_parser(
         "doctor",
         help="load a model here and in N fresh workers, and report what each worker saw",
-        description="Executes the model's code here and in every worker: needs --trust-remote-code.",
+        description="Executes the model's code here and in every worker: needs "
+        "--trust-remote-code or --lock (except for the bundled demo).",
     )
-    doc.add_argument("model", help="a model folder, or a repo id in the local Hugging Face cache")
+    doc.add_argument("model", nargs="?", default=None, help=_MODEL_HELP + "; the demo's code "
+                     "is trusted by its pinned digest, any other needs --trust-remote-code or --lock)")
     doc.add_argument("--trust-remote-code", action="store_true",
                      help="allow the model's code to run here and in the workers")
     doc.add_argument("--lock", metavar="FILE", help="allow exactly the code this lock file lists")
@@ -232,7 +289,7 @@ def _parser() -> argparse.ArgumentParser:
         help="list what a model's code can do beyond computing (processes, network, files...)",
         description="Static analysis of a model's remote code, by category. Executes nothing.",
     )
-    aud.add_argument("model", help="a model folder, or a repo id in the local Hugging Face cache")
+    aud.add_argument("model", nargs="?", default=None, help=_MODEL_HELP + ")")
     aud.add_argument("--json", action="store_true", help="print one JSON object")
     aud.add_argument("--fail-on", action="append", default=[], metavar="CATEGORY[,...]",
                      help="exit 1 when anything is found in these categories")
@@ -248,9 +305,8 @@ def _parser() -> argparse.ArgumentParser:
         "With no arguments, runs the bundled demo model on its prompts and prints JSONL. "
         "Exit 0: every input has a result; 1: some failed (error lines) or an error; 2: usage.",
     )
-    run.add_argument("model", nargs="?", default=None,
-                     help="a model folder or cached repo id (default: the bundled demo, whose "
-                     "code is trusted by its pinned digest)")
+    run.add_argument("model", nargs="?", default=None, help=_MODEL_HELP + ", whose code is "
+                     "trusted by its pinned digest; then --input defaults to its prompts)")
     run.add_argument("--input", metavar="FILE",
                      help="JSONL or plain text, one input per line (needed with a MODEL; "
                      "default: the demo's prompts.txt)")
@@ -286,8 +342,7 @@ def _parser() -> argparse.ArgumentParser:
         "lock", help="write a lock file: the exact code of a model, to review and to pin",
         description="Static: executes nothing. See the README for the format.",
     )
-    lock.add_argument("model", nargs="?", default=None,
-                      help="a model folder or cached repo id (default: the bundled demo)")
+    lock.add_argument("model", nargs="?", default=None, help=_MODEL_HELP + ")")
     lock.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
     _common_options(lock)
     lock.set_defaults(func=_cmd_lock)
@@ -296,7 +351,7 @@ def _parser() -> argparse.ArgumentParser:
         "verify", help="check a model's code against a lock file (exit 1 on any difference)",
         description="Static: executes nothing.",
     )
-    verify.add_argument("model", help="a model folder, or a repo id in the local Hugging Face cache")
+    verify.add_argument("model", nargs="?", default=None, help=_MODEL_HELP + ")")
     verify.add_argument("--lock", metavar="FILE", required=True, help="the lock file")
     _common_options(verify)
     verify.set_defaults(func=_cmd_verify)
@@ -316,14 +371,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             stream.reconfigure(errors="backslashreplace")
     try:
         return func(args)
-    except (UsageError, ModelNotFoundError, InputNotFoundError) as exc:
+    except (UsageError, ModelNotFoundError, InputNotFoundError, DeviceError) as exc:
         if debug:
             traceback.print_exc()
         print(f"codeferry: error: {exc}", file=sys.stderr)
         return 2
     except CodeferryError as exc:
         if debug:
-            traceback.print_exc()
+            traceback.print_exc()  # the worker's whole traceback included
+        else:
+            tail = _remote_tail(exc)
+            if tail:
+                print(tail, file=sys.stderr, end="")
         print(f"codeferry: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -48,6 +48,8 @@ __all__ = [
     "OutputError",
     "CodeChangedError",
     "ResumeMismatchError",
+    "DeviceError",
+    "MainGuardError",
 ]
 
 
@@ -363,3 +365,24 @@ class ResumeMismatchError(CodeferryError, ValueError):
     ) -> None:
         super().__init__(message, **kwargs)
         self.differences = differences or {}
+# -- messages that lead somewhere -------------------------------------------------------
+
+
+class DeviceError(CodeferryError, ValueError):
+    """``device`` is not a device string torch knows, or names a device this machine lacks.
+
+    Raised in the parent before any worker starts; ``device`` is what was asked for.
+    """
+
+    def __init__(self, message: str, *, device: str | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.device = device
+
+
+class MainGuardError(CodeferryError, RuntimeError):
+    """Workers would be started while the main script is being imported.
+
+    Spawn and forkserver workers import the main script again; without an
+    ``if __name__ == "__main__":`` guard the script starts an executor in every worker,
+    which multiprocessing refuses. ``path``/``line`` name the unguarded statement.
+    """
