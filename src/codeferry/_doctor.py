@@ -122,7 +122,8 @@ def doctor(
 
     bundle = resolve(model, revision=revision)
     locked = read_lock(lock) if isinstance(lock, str) else lock
-    load(model, trust_remote_code=trust_remote_code, revision=revision, lock=locked)
+    # strict: the doctor's verdict covers every class, so one that cannot load fails it.
+    load(model, trust_remote_code=trust_remote_code, revision=revision, lock=locked, strict=True)
     config = AutoConfig.from_pretrained(str(bundle.source.root))
     from multiprocessing.reduction import ForkingPickler
 
