@@ -83,7 +83,8 @@ def _worker(index: int, model: str, revision: str | None, lock: Lock | None,
         if lock is not None:  # bind this worker to the lock before anything arrives
             load(model, lock=lock, revision=revision)
         config = pickle.loads(config_bytes)
-        classes = load(model, trust_remote_code=lock is None, revision=revision, lock=lock)
+        classes = load(model, trust_remote_code=lock is None, revision=revision, lock=lock,
+                       strict=True)
         config_cls = classes.get("AutoConfig")
         checks: dict[str, Any] = {
             "config_class_is_loaded_class": type(config) is config_cls,
