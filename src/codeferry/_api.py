@@ -130,6 +130,7 @@ def load(
     lock: Lock | str | os.PathLike[str] | None = None,
     classes: Sequence[str] | None = None,
     strict: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
 ) -> LoadResult:
     """Load the ``auto_map`` classes of ``model``, each with just the code it imports.
 
@@ -149,11 +150,14 @@ def load(
     any that cannot load; ``strict=True`` raises if any class cannot load. If no class
     can load at all, the error is raised.
 
+    ``cache_dir`` is the Hugging Face hub cache to find ``model`` (a repo id) and the repos
+    of cross-repo references in, as transformers' ``cache_dir``.
+
     Code runs only with ``trust_remote_code=True`` or a ``lock`` (a ``Lock`` or the path
     of a lock file) that lists exactly this code; once a lock was used in a process, that
     process runs (and accepts from other processes) only code some lock of it lists.
     """
-    bundle = resolve(model, revision=revision, requirements=False)
+    bundle = resolve(model, revision=revision, cache_dir=cache_dir, requirements=False)
     refs = list(bundle.classes)
     if classes is not None:
         wanted = set(classes)
@@ -213,6 +217,12 @@ def load(
     if failed and (strict or classes is not None or not loaded):
         _raise_failed(bundle, failed)
     result = _as_mapping(loaded, runtimes)
+    if loaded:
+        # Later from_pretrained(..., trust_remote_code=True) of this model: these classes,
+        # not a second execution of the same files under transformers_modules.
+        from ._adopt import answer_for_loaded
+
+        answer_for_loaded(str(bundle.source.root))
     return LoadResult(result, failed)
 
 
