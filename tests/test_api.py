@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_public_api_is_pinned() -> None:
     assert sorted(codeferry.__all__) == sorted([
-        "Bundle", "Executor", "Lock", "Outcome", "errors", "install", "load", "read_lock",
-        "resolve", "__version__",
+        "Bundle", "Executor", "LoadResult", "Lock", "Outcome", "errors", "install", "load",
+        "read_lock", "resolve", "uninstall", "__version__",
     ])
     for name in codeferry.__all__:
         assert hasattr(codeferry, name)

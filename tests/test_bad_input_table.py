@@ -116,7 +116,7 @@ def test_bad_input_row(row: str, tmp_path: Path, capsys: pytest.CaptureFixture[s
                 codeferry.read_lock(argv[-1])
             else:
                 lock = argv[argv.index("--lock") + 1] if "--lock" in argv else None
-                codeferry.load(path, trust_remote_code=lock is None, lock=lock)
+                codeferry.load(path, trust_remote_code=lock is None, lock=lock, strict=True)
         assert info.value.fix
         assert sorted(p for p in tmp_path.rglob("*")) == before  # nothing written
         units_after = set((store_root() / "units").glob("*")) if (store_root() / "units").exists() else set()

@@ -95,10 +95,22 @@ def test_code_that_raises_becomes_a_typed_error_with_the_cause(tmp_path: Path) -
     path = write_model(tmp_path / "model", ModelSpec(name="boom"))
     modeling = path / "modeling_boom.py"
     modeling.write_text(modeling.read_text() + "\nraise RuntimeError('kaput')\n")
+    # The config does not import the modeling file: it still loads, the models do not.
+    result = codeferry.load(path, trust_remote_code=True)
+    assert set(result) == {"AutoConfig"}
+    assert set(result.failed) == {"AutoModel", "AutoModelForCausalLM"}
+    error = result.failed["AutoModel"]
+    assert isinstance(error, RemoteCodeExecutionError)
+    assert isinstance(error.__cause__, RuntimeError) and error.digest
+    assert error.path is not None and error.path.endswith("modeling_boom.py")
+    assert error.line == modeling.read_text().splitlines().index("raise RuntimeError('kaput')") + 1
+    # Asking for the broken class (or strict loading) raises its typed error.
     with pytest.raises(RemoteCodeExecutionError) as info:
-        codeferry.load(path, trust_remote_code=True)
+        codeferry.load(path, trust_remote_code=True, classes=["AutoModel"])
     assert isinstance(info.value.__cause__, RuntimeError)
-    assert "modeling_boom.py" in str(info.value) and info.value.digest
+    assert "modeling_boom.py" in str(info.value)
+    with pytest.raises(RemoteCodeExecutionError):
+        codeferry.load(path, trust_remote_code=True, strict=True)
 
 
 def test_model_outputs_match_a_direct_forward(tmp_path_factory: pytest.TempPathFactory) -> None:

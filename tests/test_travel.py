@@ -165,11 +165,20 @@ def test_install_makes_plain_transformers_objects_travel(
     executor, _ = pools[method]
     name = f"t{next(_count)}"
     path = write_model(tmp_path / name, ModelSpec(name=name, helpers=("flat", "star")))
+    # Loaded by plain transformers before install(): adopted, so it travels too.
+    early = AutoConfig.from_pretrained(path, trust_remote_code=True)
+    assert type(early).__module__.startswith("transformers_modules.")
     codeferry.install()
-    config = AutoConfig.from_pretrained(path, trust_remote_code=True)
-    model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True).eval()
-    assert type(config).__module__.startswith("transformers_modules.")
-    objs = [config, model, type(config)]
-    expected = _workers.describe_all(objs)
-    assert executor.submit(_workers.describe_all, objs).result(180) == expected
-    assert run_receiver(pickle.dumps(objs[:2]), other_machine_env(tmp_path / "m")) == as_json(expected[:2])
+    try:
+        other = write_model(tmp_path / f"{name}b", ModelSpec(name=f"{name}b", helpers=("flat", "star")))
+        config = AutoConfig.from_pretrained(other, trust_remote_code=True)
+        model = AutoModelForCausalLM.from_pretrained(other, trust_remote_code=True).eval()
+        assert type(config).__module__.startswith("codeferry._dyn.u")  # loaded by codeferry
+        objs = [config, model, type(config), early]
+        expected = _workers.describe_all(objs)
+        assert executor.submit(_workers.describe_all, objs).result(180) == expected
+        shipped = [config, model, early]
+        assert run_receiver(pickle.dumps(shipped), other_machine_env(tmp_path / "m")) == as_json(
+            _workers.describe_all(shipped))
+    finally:
+        codeferry.uninstall()

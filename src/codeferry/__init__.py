@@ -7,8 +7,8 @@ module whose name starts with ``_`` is private.
 from __future__ import annotations
 
 from . import errors
-from ._adopt import install
-from ._api import load
+from ._adopt import install, uninstall
+from ._api import LoadResult, load
 from ._executor import Executor, Outcome
 from ._lockfile import Lock, read_lock
 from ._resolve import Bundle, resolve
@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Bundle",
     "Executor",
+    "LoadResult",
     "Lock",
     "Outcome",
     "errors",
@@ -25,5 +26,6 @@ __all__ = [
     "load",
     "read_lock",
     "resolve",
+    "uninstall",
     "__version__",
 ]

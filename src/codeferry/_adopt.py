@@ -1,9 +1,22 @@
-"""``codeferry.install()``: the same travel guarantees for code that plain transformers loaded.
+"""``codeferry.install()``: codeferry under code written for plain transformers.
 
 Inference engines are written against transformers: they call
 ``AutoConfig.from_pretrained(..., trust_remote_code=True)`` and send the config to their
-workers. ``install()`` adopts what transformers loads, so those objects carry their
-code like codeferry's own, with no other change to the program.
+workers. After ``install()`` every remote class transformers asks for goes through
+codeferry: ``get_class_from_dynamic_module`` (which every Auto class, pipelines and other
+libraries call) is answered by codeferry's resolver and loader for any model it can
+locate (a folder, or a repo in the local hub cache, matched on model *and* revision),
+so sub-package helpers, ``from . import x``, config-first order, one class identity,
+per-class loading and travel all hold. transformers keeps deciding *whether* code runs:
+it calls that function only after its own ``trust_remote_code`` check. ``uninstall()``
+restores transformers' own functions.
+
+``codeferry.load`` installs a narrower form of the same hook: it answers only for the
+models this process loaded, so a later ``from_pretrained(..., trust_remote_code=True)``
+of such a model returns codeferry's classes instead of executing the code a second time.
+
+What codeferry cannot locate (a repo that is not downloaded yet) is left to transformers,
+and what transformers then loads is *adopted*:
 
 transformers keeps remote code in its module cache, one folder per model and version::
 
@@ -28,12 +41,15 @@ from typing import Any
 
 from . import _loader, _pickling, _policy, _transformers
 from ._store import UnitData, unit_digest
+from .errors import ModelNotFoundError
 
-__all__ = ["install", "adopt_module"]
+__all__ = ["install", "uninstall", "adopt_module", "answer_for_loaded"]
 
 _PREFIX = "transformers_modules."
-_lock = threading.Lock()
-_installed = False
+_lock = threading.RLock()
+_installed = False  # install(): answer for every model codeferry can locate
+_loaded_roots: set[str] = set()  # load(): answer for these model folders only
+_originals: dict[str, Any] = {}  # what was replaced, to restore
 
 
 def _unit_files(folder: Path) -> dict[str, bytes]:
@@ -71,28 +87,159 @@ def adopt_module(module: Any) -> None:
                 _pickling.mark_module(mod, runtime)
 
 
-def install() -> None:
-    """Make classes that transformers loads with ``trust_remote_code=True`` travel.
+def _split_reference(reference: str) -> tuple[str | None, str, str] | None:
+    """``[repo--]module.Class`` as (repo, module, class); ``None`` for another shape."""
+    repo: str | None = None
+    if "--" in reference:
+        repo, reference = reference.split("--", 1)
+    module, _, name = reference.rpartition(".")
+    if not module or not name:
+        return None
+    return repo, module, name
 
-    Idempotent. Adopts the remote modules already loaded, and every one loaded later.
+
+def _answer(
+    reference: str, model: Any, revision: str | None, cache_dir: Any
+) -> type | None:
+    """codeferry's class for ``reference`` of ``model`` at ``revision``, or ``None`` to pass."""
+    from . import _api
+    from ._resolve import read_class_refs
+    from ._source import locate
+
+    parts = _split_reference(reference)
+    if parts is None:
+        return None
+    try:
+        source = locate(model, revision=revision, cache_dir=cache_dir)
+    except (ModelNotFoundError, OSError, ValueError):
+        return None  # not on this machine yet: transformers downloads it (and we adopt)
+    with _lock:
+        if not _installed and str(source.root) not in _loaded_roots:
+            return None
+    repo, module, name = parts
+    key = None
+    for ref in read_class_refs(source):
+        if (ref.repo, ref.module, ref.name) == (repo, module, name):
+            key = _api.class_key(ref.source, ref.key)
+            break
+    if key is None:
+        return None  # not a class this model's auto_map names: transformers' business
+    # transformers asked only after its own trust check passed: that is the decision.
+    classes = _api.load(source.root if source.repo_id is None else model,
+                        trust_remote_code=True, revision=revision, classes=[key],
+                        cache_dir=cache_dir)
+    value: Any = classes[key]
+    if isinstance(value, tuple):  # a [slow, fast] pair: the slot this reference names
+        value = next(c for c in value if c is not None and c.__name__ == name)
+    return value if isinstance(value, type) else None
+
+
+def _hooked(original: Any) -> Any:
+    def get_class_from_dynamic_module(
+        class_reference: str, pretrained_model_name_or_path: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        if not args:  # positional cache_dir and friends: leave such calls alone
+            found = _answer(class_reference, pretrained_model_name_or_path,
+                            kwargs.get("code_revision") or kwargs.get("revision"),
+                            kwargs.get("cache_dir"))
+            if found is not None:
+                return found
+        return original(class_reference, pretrained_model_name_or_path, *args, **kwargs)
+
+    get_class_from_dynamic_module.__wrapped__ = original  # type: ignore[attr-defined]
+    get_class_from_dynamic_module.__codeferry__ = True  # type: ignore[attr-defined]
+    return get_class_from_dynamic_module
+
+
+def _modules_binding(function: Any) -> list[Any]:
+    """Modules whose global ``get_class_from_dynamic_module`` is ``function`` (None: ours).
+
+    Reads each module's ``__dict__`` directly: some modules (torch's class namespaces)
+    answer any attribute through a ``__getattr__`` that raises.
     """
+    found = []
+    for module in list(sys.modules.values()):
+        try:
+            bound = vars(module).get("get_class_from_dynamic_module")
+        except TypeError:  # no __dict__
+            continue
+        if bound is None:
+            continue
+        if (bound is function) if function is not None else (
+                vars(bound).get("__codeferry__", False) if hasattr(bound, "__dict__") else False):
+            found.append(module)
+    return found
+
+
+def _hook() -> None:
+    """Route ``get_class_from_dynamic_module`` through codeferry, wherever it was imported."""
+    import transformers.dynamic_module_utils as dmu
+
+    with _lock:
+        if "get_class_from_dynamic_module" in _originals:
+            return
+        original = dmu.get_class_from_dynamic_module
+        hooked = _hooked(original)
+        _originals["get_class_from_dynamic_module"] = original
+        # The Auto classes (and vLLM, pipelines) bind the name at their import: replace it
+        # in every module already imported; modules imported later take dmu's.
+        for module in _modules_binding(original):
+            setattr(module, "get_class_from_dynamic_module", hooked)  # noqa: B010
+        dmu.get_class_from_dynamic_module = hooked
+        original_in_module = dmu.get_class_in_module
+        _originals["get_class_in_module"] = original_in_module
+
+        def get_class_in_module(class_name: str, module_path: Any, **kwargs: Any) -> Any:
+            cls = original_in_module(class_name, module_path, **kwargs)
+            module = sys.modules.get(getattr(cls, "__module__", ""))
+            if module is not None:
+                adopt_module(module)
+            return cls
+
+        dmu.get_class_in_module = get_class_in_module
+        _transformers.install_generation_mixin_hook()
+
+
+def answer_for_loaded(root: str) -> None:
+    """``load`` calls this: later remote-code lookups of the model at ``root`` get its classes."""
+    with _lock:
+        _loaded_roots.add(root)
+    try:
+        _hook()
+    except ImportError:  # no transformers: nothing to answer
+        pass
+
+
+def install() -> None:
+    """Route every remote-code load that transformers performs through codeferry.
+
+    After this, ``AutoConfig/AutoModel*/AutoTokenizer/AutoProcessor/...from_pretrained(
+    ..., trust_remote_code=True)`` and ``get_class_from_dynamic_module`` (also when other
+    libraries call them) return codeferry's classes for any model codeferry can locate.
+    Idempotent; ``uninstall()`` undoes it. Remote modules that plain transformers loaded
+    (before, or for models codeferry cannot locate) are adopted so they travel too.
+    """
+    global _installed
+    with _lock:
+        _hook()
+        _installed = True
+    for mod in list(sys.modules.values()):
+        if mod is not None and getattr(mod, "__name__", "").startswith(_PREFIX):
+            adopt_module(mod)
+
+
+def uninstall() -> None:
+    """Give transformers its own remote-code loading back (classes already loaded stay)."""
     global _installed
     import transformers.dynamic_module_utils as dmu
 
     with _lock:
-        if not _installed:
-            original = dmu.get_class_in_module
-
-            def get_class_in_module(class_name: str, module_path: Any, **kwargs: Any) -> Any:
-                cls = original(class_name, module_path, **kwargs)
-                module = sys.modules.get(getattr(cls, "__module__", ""))
-                if module is not None:
-                    adopt_module(module)
-                return cls
-
-            dmu.get_class_in_module = get_class_in_module
-            _transformers.install_generation_mixin_hook()
-            _installed = True
-    for mod in list(sys.modules.values()):
-        if mod is not None and getattr(mod, "__name__", "").startswith(_PREFIX):
-            adopt_module(mod)
+        _installed = False
+        _loaded_roots.clear()
+        original = _originals.pop("get_class_from_dynamic_module", None)
+        if original is not None:
+            for module in _modules_binding(None):
+                setattr(module, "get_class_from_dynamic_module", original)  # noqa: B010
+        in_module = _originals.pop("get_class_in_module", None)
+        if in_module is not None:
+            dmu.get_class_in_module = in_module

@@ -2,18 +2,31 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import _loader, _pickling, _policy, _transformers
+from ._automap import ClassRef
 from ._lockfile import Lock, read_lock
+from ._requirements import pip_name
 from ._resolve import Bundle, resolve
 from ._store import UnitData, unit_digest
-from .errors import CodeChangedError, RemoteCodeExecutionError, TrustRequiredError
+from .errors import (
+    CodeChangedError,
+    CodeferryError,
+    ConfigUnavailableError,
+    MissingClassError,
+    ProblemsFound,
+    RemoteCodeExecutionError,
+    TrustRequiredError,
+)
 
-__all__ = ["load", "load_pinned", "units_of", "class_key"]
+__all__ = ["load", "load_pinned", "LoadResult", "units_of", "class_key"]
+
+logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 
@@ -58,14 +71,69 @@ def trust_error(bundle: Bundle) -> TrustRequiredError:
     )
 
 
+class LoadResult(dict[str, Any]):
+    """What ``load`` returns: ``auto_map`` key -> class, for every class that loaded.
+
+    ``failed`` maps each key that could not load to its typed error (file:line and the
+    fix), so one missing package takes down only the classes that import it.
+    """
+
+    failed: dict[str, CodeferryError]
+
+    def __init__(self, classes: Mapping[str, Any], failed: Mapping[str, CodeferryError]) -> None:
+        super().__init__(classes)
+        self.failed = dict(failed)
+
+
+def _first_line_in(exc: BaseException, files_dir: str) -> int | None:
+    """The line of the innermost traceback frame inside the unit's files: where it broke."""
+    line = None
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.startswith(files_dir):
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
+
+
+def _execution_error(
+    exc: Exception, runtime: _loader.Runtime, name: str, bundle: Bundle, repo: str | None
+) -> RemoteCodeExecutionError:
+    path = runtime.locate(name)
+    where = (path[0] if path else None) or name
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    if missing and not missing.startswith(("codeferry.", "transformers_modules")):
+        top = missing.split(".", 1)[0]
+        fix = f"`pip install {pip_name(top)}` (the package {top!r} is not installed)."
+    else:
+        fix = ("see the cause above; a missing package is listed by "
+               f"`codeferry inspect {bundle.source.root}` under requirements.")
+    err = RemoteCodeExecutionError(
+        f"executing {where} of {runtime.unit.label} raised {type(exc).__name__}: {exc}",
+        digest=runtime.unit.digest, model=runtime.unit.label,
+        path=str(bundle.source.root / where) if repo is None else where,
+        line=_first_line_in(exc, str(runtime.files_dir)), fix=fix,
+    )
+    err.__cause__ = exc
+    return err
+
+
+def _is_model_key(ref: ClassRef) -> bool:
+    """An ``auto_map`` entry whose class is built from the model's config class."""
+    return ref.source == "config.json" and ref.key.startswith(("AutoModel", "AutoBackbone"))
+
+
 def load(
     model: str | os.PathLike[str],
     *,
     trust_remote_code: bool = False,
     revision: str | None = None,
     lock: Lock | str | os.PathLike[str] | None = None,
-) -> Mapping[str, Any]:
-    """Load every ``auto_map`` class of ``model`` in dependency order, once per process.
+    classes: Sequence[str] | None = None,
+    strict: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> LoadResult:
+    """Load the ``auto_map`` classes of ``model``, each with just the code it imports.
 
     Returns ``auto_map`` key -> class (a ``[slow, fast]`` pair maps to a tuple; a nested
     sub-config's entries are keyed ``"llm_config:AutoConfig"``). The classes are
@@ -73,28 +141,35 @@ def load(
     .from_pretrained(model)`` return instances of exactly these classes afterwards, and
     objects of them pickle with their code, so any process can receive them.
 
+    Each class executes only its own import closure (module-level imports and parent
+    packages, dependencies first); a module imported only inside a function executes
+    when that import runs, still from the verified bytes. A class whose closure cannot
+    execute (a package that is not installed, a name the installed transformers lacks,
+    an exception at import, a static problem in one of its files) does not take the
+    others down: it is left out, its typed error is in ``result.failed`` and is logged
+    once as a warning. ``classes=[...]`` loads only those keys and raises the error of
+    any that cannot load; ``strict=True`` raises if any class cannot load. If no class
+    can load at all, the error is raised.
+
+    ``cache_dir`` is the Hugging Face hub cache to find ``model`` (a repo id) and the repos
+    of cross-repo references in, as transformers' ``cache_dir``.
+
     Code runs only with ``trust_remote_code=True`` or a ``lock`` (a ``Lock`` or the path
     of a lock file) that lists exactly this code; once a lock was used in a process, that
     process runs (and accepts from other processes) only code some lock of it lists.
     """
-    return _load(model, trust_remote_code, revision, lock, None)
+    return _load(model, trust_remote_code=trust_remote_code, revision=revision, lock=lock,
+                 classes=classes, strict=strict, cache_dir=cache_dir)
 
 
-def load_pinned(
-    model: str | os.PathLike[str],
-    digest: str,
-    *,
-    trust_remote_code: bool = False,
-    revision: str | None = None,
-    lock: Lock | str | os.PathLike[str] | None = None,
-) -> Mapping[str, Any]:
+def load_pinned(model: str | os.PathLike[str], digest: str, **options: Any) -> LoadResult:
     """``load``, only if the code found now is ``digest``: what a parent checked for its workers.
 
     Trust is a decision about one digest, not about a folder: a worker started (or
     replaced, or resumed) after the folder changed raises ``CodeChangedError`` naming
     both digests before it executes anything.
     """
-    return _load(model, trust_remote_code, revision, lock, digest)
+    return _load(model, expected=digest, **options)
 
 
 def code_changed(bundle: Bundle, expected: str) -> CodeChangedError:
@@ -110,60 +185,164 @@ def code_changed(bundle: Bundle, expected: str) -> CodeChangedError:
 
 def _load(
     model: str | os.PathLike[str],
-    trust_remote_code: bool,
-    revision: str | None,
-    lock: Lock | str | os.PathLike[str] | None,
-    expected: str | None,
-) -> Mapping[str, Any]:
-    bundle = resolve(model, revision=revision, requirements=False)
+    *,
+    trust_remote_code: bool = False,
+    revision: str | None = None,
+    lock: Lock | str | os.PathLike[str] | None = None,
+    classes: Sequence[str] | None = None,
+    strict: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+    expected: str | None = None,
+) -> LoadResult:
+    bundle = resolve(model, revision=revision, cache_dir=cache_dir, requirements=False)
     if expected is not None and bundle.digest != expected:
         raise code_changed(bundle, expected)
-    bundle.check()
+    refs = list(bundle.classes)
+    if classes is not None:
+        wanted = set(classes)
+        unknown = wanted - {class_key(r.source, r.key) for r in refs}
+        if unknown:
+            raise MissingClassError(
+                f"{bundle.source.name} names no class {sorted(unknown)[0]!r} in its auto_map "
+                f"(it has {', '.join(sorted({class_key(r.source, r.key) for r in refs}))}).",
+                path=str(bundle.source.root / "config.json"),
+                fix="ask for one of the auto_map keys the model has.",
+            )
+        refs = [r for r in refs if class_key(r.source, r.key) in wanted]
     if lock is not None:
         locked = lock if isinstance(lock, Lock) else read_lock(lock)
         locked.check(bundle)
     elif not trust_remote_code and bundle.files:
         raise trust_error(bundle)
+    failed: dict[str, CodeferryError] = {}
+    for ref in refs:  # static problems first: refused code is never registered
+        if bundle.problems_for(ref):
+            try:
+                bundle.check_class(ref)
+            except CodeferryError as exc:
+                failed.setdefault(class_key(ref.source, ref.key), exc)
+    config_ref = next((r for r in refs if r.source == "config.json"
+                       and r.key == "AutoConfig"), None)
+    if config_ref is not None and "AutoConfig" in failed:
+        for ref in refs:
+            if _is_model_key(ref):
+                key = class_key(ref.source, ref.key)
+                failed[key] = _needs_config(key, ref, config_ref, failed["AutoConfig"])
+    if failed and (strict or classes is not None or len(failed) == len(
+            {class_key(r.source, r.key) for r in refs})):
+        _raise_failed(bundle, failed)
     units = units_of(bundle)
     _policy.allow({u.digest for u in units.values()}, from_lock=lock is not None)
+    loaded: dict[ClassRef, Any] = {}
     with _lock:
         runtimes = {repo: _loader.register(unit) for repo, unit in units.items()}
-        for repo, runtime in runtimes.items():
-            for name in runtime.unit.order:
-                try:
-                    _loader.import_module(runtime, name)
-                except Exception as exc:
-                    path = runtime.locate(name)
-                    where = (path[0] if path else None) or name
-                    raise RemoteCodeExecutionError(
-                        f"executing {where} of {runtime.unit.label} raised "
-                        f"{type(exc).__name__}: {exc}",
-                        digest=runtime.unit.digest, model=runtime.unit.label,
-                        path=str(bundle.source.root / where) if repo is None else where,
-                        fix="see the cause above; a missing package is listed by "
-                        f"`codeferry inspect {bundle.source.root}` under requirements.",
-                    ) from exc
-        classes: dict[str, Any] = {}
-        owners: dict[type, _loader.Runtime] = {}
-        pairs: dict[str, list[Any]] = {}
-        for ref in bundle.classes:
-            runtime = runtimes[ref.repo]
-            cls = getattr(_loader.import_module(runtime, ref.module), ref.name)
-            owners[cls] = runtime
+        broken: dict[str, CodeferryError] = {}  # module -> why it cannot execute
+        for ref in sorted(refs, key=lambda r: r is not config_ref):  # the config first
             key = class_key(ref.source, ref.key)
-            if ref.slot is None:
-                classes[key] = cls
+            if key in failed:
+                continue
+            error: CodeferryError | None
+            if config_ref is not None and _is_model_key(ref) and "AutoConfig" in failed:
+                error = _needs_config(key, ref, config_ref, failed["AutoConfig"])
             else:
-                slots = pairs.setdefault(key, [])
-                slots.extend([None] * (ref.slot + 1 - len(slots)))
-                slots[ref.slot] = cls
-        for key, slots in pairs.items():
-            classes[key] = tuple(slots + [None] * (2 - len(slots)))
+                error = _execute_closure(bundle, ref, runtimes, broken)
+            if error is not None:
+                failed[key] = error
+                continue
+            runtime = runtimes[ref.repo]
+            loaded[ref] = getattr(_loader.import_module(runtime, ref.module), ref.name)
+    for key, error in failed.items():
+        _warn_once(bundle.digest, key, error)
+    if failed and (strict or classes is not None or not loaded):
+        _raise_failed(bundle, failed)
+    result = _as_mapping(loaded, runtimes)
+    if loaded:
+        # Later from_pretrained(..., trust_remote_code=True) of this model: these classes,
+        # not a second execution of the same files under transformers_modules.
+        from ._adopt import answer_for_loaded
+
+        answer_for_loaded(str(bundle.source.root))
+    return LoadResult(result, failed)
+
+
+def _needs_config(
+    key: str, ref: ClassRef, config_ref: ClassRef, cause: CodeferryError
+) -> ConfigUnavailableError:
+    error = ConfigUnavailableError(
+        f"{key} ({ref.reference}) needs the model's config class {config_ref.reference}, "
+        f"which cannot load: {cause.message}",
+        key=key, config_error=cause, path=cause.path, line=cause.line, fix=cause.fix,
+    )
+    error.__cause__ = cause
+    return error
+
+
+def _raise_failed(bundle: Bundle, failed: Mapping[str, CodeferryError]) -> None:
+    errors = list({id(e): e for e in failed.values()}.values())  # one cause, once
+    if len(errors) == 1:
+        raise errors[0]
+    raise ProblemsFound(
+        f"{len(failed)} classes of {bundle.source.name} cannot load: "
+        + "; ".join(f"{k}: {e}" for k, e in failed.items()),
+        problems=tuple(errors),
+        fix=f"run `codeferry inspect {bundle.source.root}`: it shows each class's status.",
+    )
+
+
+def _execute_closure(
+    bundle: Bundle,
+    ref: ClassRef,
+    runtimes: Mapping[str | None, _loader.Runtime],
+    broken: dict[str, CodeferryError],
+) -> CodeferryError | None:
+    """Execute the modules ``ref`` needs, dependencies first; the error if one raises."""
+    for qualified in bundle.closures.get(ref, ()):
+        if qualified in broken:
+            return broken[qualified]
+        repo, _, name = qualified.rpartition("--") if "--" in qualified else (None, "", qualified)
+        runtime = runtimes[repo or None]
         try:
-            import transformers  # noqa: F401
-        except ImportError:
-            return classes
-        return _transformers.register_with_transformers(classes, owners)
+            _loader.import_module(runtime, name)
+        except Exception as exc:  # noqa: BLE001 - model code may raise anything
+            error = _execution_error(exc, runtime, name, bundle, repo or None)
+            broken[qualified] = error
+            return error
+    return None
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_once(digest: str, key: str, error: CodeferryError) -> None:
+    with _lock:
+        if (digest, key) in _warned:
+            return
+        _warned.add((digest, key))
+    logger.warning("codeferry: %s cannot load: %s", key, error)
+
+
+def _as_mapping(
+    loaded: Mapping[ClassRef, Any], runtimes: Mapping[str | None, _loader.Runtime]
+) -> dict[str, Any]:
+    classes: dict[str, Any] = {}
+    owners: dict[type, _loader.Runtime] = {}
+    pairs: dict[str, list[Any]] = {}
+    for ref, cls in loaded.items():
+        owners[cls] = runtimes[ref.repo]
+        key = class_key(ref.source, ref.key)
+        if ref.slot is None:
+            classes[key] = cls
+        else:
+            slots = pairs.setdefault(key, [])
+            slots.extend([None] * (ref.slot + 1 - len(slots)))
+            slots[ref.slot] = cls
+    for key, slots in pairs.items():
+        classes[key] = tuple(slots + [None] * (2 - len(slots)))
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return classes
+    return _transformers.register_with_transformers(classes, owners)
 
 
 _pickling.install_cloudpickle_support()

@@ -89,7 +89,7 @@ def _worker(index: int, model: str, revision: str | None, lock: Lock | None,
             load_pinned(model, digest, lock=lock, revision=revision)
         config = pickle.loads(config_bytes)
         classes = load_pinned(model, digest, trust_remote_code=lock is None, revision=revision,
-                              lock=lock)
+                              lock=lock, strict=True)
         config_cls = classes.get("AutoConfig")
         checks: dict[str, Any] = {
             "config_class_is_loaded_class": type(config) is config_cls,
@@ -129,8 +129,9 @@ def doctor(
     check_main_guard(start_method)  # a worker would die bootstrapping, with exit code 1
     bundle = resolve(model, revision=revision)
     locked = read_lock(lock) if isinstance(lock, str) else lock
+    # strict: the doctor's verdict covers every class, so one that cannot load fails it.
     load_pinned(model, bundle.digest, trust_remote_code=trust_remote_code, revision=revision,
-                lock=locked)
+                lock=locked, strict=True)
     config = AutoConfig.from_pretrained(str(bundle.source.root))
     from multiprocessing.reduction import ForkingPickler
 

@@ -86,6 +86,12 @@ class _Worker:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+def needed_classes(tasks: Sequence[str]) -> set[str]:
+    """The ``auto_map`` keys workers load for ``tasks``: the config, tokenizer and model heads."""
+    return {"AutoConfig", "AutoTokenizer"} | {
+        "AutoModel" if task == "embed" else "AutoModelForCausalLM" for task in tasks}
+
+
 class Executor:
     """Batch inference of ``model`` on ``workers`` processes; a context manager.
 
@@ -137,7 +143,7 @@ class Executor:
             from ._api import code_changed
 
             raise code_changed(bundle, digest)
-        bundle.check()
+        bundle.check_classes(needed_classes(preload))  # another class's problem is no matter
         locked = lock if isinstance(lock, Lock) or lock is None else read_lock(lock)
         if locked is not None:
             locked.check(bundle)

@@ -27,7 +27,12 @@ def render_report(bundle: Bundle) -> str:
     out.append("classes")
     by_source: dict[str, dict[str, list[str | None]]] = defaultdict(dict)
     pairs: set[tuple[str, str]] = set()
+    blocked: dict[tuple[str, str], list[str]] = defaultdict(list)
     for ref in bundle.classes:
+        for problem in bundle.problems_for(ref):
+            why = f"{type(problem).__name__} at {problem.location or ref.reference}"
+            if why not in blocked[(ref.source, ref.key)]:
+                blocked[(ref.source, ref.key)].append(why)
         slots = by_source[ref.source].setdefault(ref.key, [])
         if ref.slot is None:
             slots.append(ref.reference)
@@ -44,7 +49,9 @@ def render_report(bundle: Bundle) -> str:
                 shown = "[" + ", ".join("null" if r is None else r for r in refs) + "]"
             else:
                 shown = str(refs[0])
-            out.append(f"    {key:<{width}}  {shown}")
+            reasons = blocked.get((source, key))
+            state = "blocked: " + "; ".join(reasons) if reasons else "ok"
+            out.append(f"    {key:<{width}}  {shown}  {state}")
 
     total = sum(f.size for f in bundle.files)
     out.append(f"files ({len(bundle.files)}, {_size(total)})")

@@ -26,9 +26,41 @@ from pathlib import Path
 from typing import Any
 
 from ._graph import ModuleScan, scan
-from .errors import CodeferryError, MissingTransformersNameError
+from .errors import CodeferryError, MissingPackageError, MissingTransformersNameError
 
-__all__ = ["Use", "Requirement", "collect_requirements", "check_transformers_names"]
+__all__ = [
+    "Use",
+    "Requirement",
+    "collect_requirements",
+    "check_transformers_names",
+    "missing_packages",
+    "pip_name",
+]
+
+#: Import names whose distribution (what ``pip install`` takes) has another name. Only
+#: consulted for packages that are not installed, where no metadata can answer.
+_PIP_NAMES = {
+    "PIL": "pillow",
+    "cv2": "opencv-python",
+    "sklearn": "scikit-learn",
+    "skimage": "scikit-image",
+    "yaml": "pyyaml",
+    "attr": "attrs",
+    "bs4": "beautifulsoup4",
+    "Crypto": "pycryptodome",
+    "fitz": "pymupdf",
+    "google": "protobuf",
+    "flash_attn": "flash-attn",
+    "sentencepiece": "sentencepiece",
+    "tiktoken": "tiktoken",
+    "dateutil": "python-dateutil",
+    "jose": "python-jose",
+    "docx": "python-docx",
+    "magic": "python-magic",
+    "Levenshtein": "levenshtein",
+    "faiss": "faiss-cpu",
+    "decord": "decord",
+}
 
 
 @dataclass(frozen=True)
@@ -87,6 +119,41 @@ def _installed(name: str) -> tuple[bool, str | None, str | None]:
         return True, importlib.metadata.version(dists[0]), dists[0]
     except importlib.metadata.PackageNotFoundError:
         return True, None, dists[0]
+
+
+def pip_name(package: str) -> str:
+    """What ``pip install`` takes for import name ``package``."""
+    dists = _distributions().get(package)
+    if dists:
+        return dists[0]
+    return _PIP_NAMES.get(package, package.replace("_", "-"))
+
+
+def missing_packages(
+    path: str, module_scan: ModuleScan, *, skip: Iterable[str] = ()
+) -> list[MissingPackageError]:
+    """A problem per unguarded module-level import of a package that is not installed.
+
+    Only the module's own imports: whether a *class* is blocked follows from the modules
+    its import closure holds. Finding a spec imports nothing of the package.
+    """
+    ignored = set(sys.stdlib_module_names) | {"__future__"} | set(skip)
+    problems: list[MissingPackageError] = []
+    seen: set[str] = set()
+    for imp in module_scan.external:
+        if imp.top in ignored or imp.guarded or imp.deferred or imp.top in seen:
+            continue
+        seen.add(imp.top)
+        if _has_spec(imp.top):
+            continue
+        dist = pip_name(imp.top)
+        problems.append(MissingPackageError(
+            f"imports {imp.module!r} at module level, but the package {imp.top!r} is not "
+            "installed.",
+            path=path, line=imp.line, col=imp.col, package=imp.top, distribution=dist,
+            fix=f"`pip install {dist}` (or use a class of the model that does not need it).",
+        ))
+    return problems
 
 
 def collect_requirements(

@@ -32,7 +32,12 @@ from typing import Any
 
 from . import _graph
 from ._automap import AUTO_MAP_FILES, ClassRef, parse_auto_maps
-from ._requirements import Requirement, check_transformers_names, collect_requirements
+from ._requirements import (
+    Requirement,
+    check_transformers_names,
+    collect_requirements,
+    missing_packages,
+)
 from ._source import ModelSource, list_files, locate, locate_repo, read_bytes
 from .errors import (
     AbsoluteSiblingImportError,
@@ -44,6 +49,8 @@ from .errors import (
     MissingClassError,
     MissingModuleError,
     ModelNotFoundError,
+    OptionalModuleMissing,
+    OptionalPackageMissing,
     ProblemsFound,
     SourceDecodeError,
     SourceSyntaxError,
@@ -110,23 +117,54 @@ class Bundle:
     digest: str
     pins: Mapping[str, str]
     sources: Mapping[tuple[str | None, str], bytes]
+    #: Per class: the modules its module-level imports reach (parent packages included),
+    #: in load order. Only these execute when the class loads; the rest wait for an import.
+    closures: Mapping[ClassRef, tuple[str, ...]] = field(default_factory=dict)
+    #: Per problem (same index): what it blocks, as module names and ``ref_scope`` tokens;
+    #: empty means the whole model.
+    scopes: tuple[frozenset[str], ...] = ()
+    #: child module -> parent package: an order constraint, not an import (not an edge).
+    parents: tuple[tuple[str, str], ...] = ()
 
     @property
     def blocking(self) -> tuple[CodeferryError, ...]:
         return tuple(p for p in self.problems if p.blocking)
 
+    def problems_for(self, ref: ClassRef) -> tuple[CodeferryError, ...]:
+        """The blocking problems that keep ``ref`` from loading: in its closure, or its own."""
+        reach = set(self.closures.get(ref, ())) | {ref_scope(ref)}
+        out = []
+        for index, problem in enumerate(self.problems):
+            scope = self.scopes[index] if index < len(self.scopes) else frozenset()
+            if problem.blocking and (not scope or scope & reach):
+                out.append(problem)
+        return tuple(out)
+
+    def check_classes(self, keys: set[str] | None = None) -> None:
+        """Raise what keeps the classes ``keys`` (all when ``None``) from loading.
+
+        Keys are ``load``'s (``"llm_config:AutoConfig"`` for a nested sub-config); keys the
+        model does not name are plain transformers classes, with nothing to check. With
+        ``keys=None`` a problem is raised only when it blocks *every* class: one class's
+        missing package never takes the model down.
+        """
+        refs = [r for r in self.classes if keys is None or _key(r) in keys]
+        blocked = [r for r in refs if self.problems_for(r)]
+        if keys is None and len(blocked) < len(refs):
+            return
+        problems: dict[int, CodeferryError] = {}
+        for ref in blocked:
+            problems.update((id(p), p) for p in self.problems_for(ref))
+        _raise(tuple(problems.values()), self.source.name, self.source.root)
+
+    def check_class(self, ref: ClassRef) -> None:
+        """Raise what keeps ``ref`` from loading: the problem alone, or ``ProblemsFound``."""
+        _raise(self.problems_for(ref), f"{ref.key} ({ref.reference}) of {self.source.name}",
+               self.source.root)
+
     def check(self) -> None:
         """Raise the blocking problems: alone when there is one, as ``ProblemsFound`` else."""
-        blocking = self.blocking
-        if len(blocking) == 1:
-            raise blocking[0]
-        if blocking:
-            lines = "; ".join(str(p) for p in blocking)
-            raise ProblemsFound(
-                f"{len(blocking)} blocking problems in {self.source.name}: {lines}",
-                problems=blocking,
-                fix=f"run `codeferry inspect {self.source.root}` for the full report.",
-            )
+        _raise(self.blocking, self.source.name, self.source.root)
 
     def to_json(self) -> dict[str, Any]:
         """The ``codeferry inspect --json`` object."""
@@ -138,7 +176,10 @@ class Bundle:
             "digest": self.digest,
             "classes": [
                 {"source": c.source, "key": c.key, "slot": c.slot, "repo": c.repo,
-                 "module": c.module, "class": c.name, "reference": c.reference}
+                 "module": c.module, "class": c.name, "reference": c.reference,
+                 "closure": list(self.closures.get(c, ())),
+                 "loadable": not self.problems_for(c),
+                 "blocked_by": [self.problems.index(p) for p in self.problems_for(c)]}
                 for c in self.classes
             ],
             "files": [
@@ -151,6 +192,28 @@ class Bundle:
             "requirements": [r.to_json() for r in self.requirements],
             "problems": [p.to_dict() for p in self.problems],
         }
+
+
+def _key(ref: ClassRef) -> str:
+    """``load``'s key of ``ref``: the ``auto_map`` key, prefixed for nested sub-configs."""
+    return f"{ref.source.split(':', 1)[1]}:{ref.key}" if ":" in ref.source else ref.key
+
+
+def ref_scope(ref: ClassRef) -> str:
+    """The scope token of problems about one ``auto_map`` entry itself."""
+    return f"ref:{ref.source}:{ref.key}:{ref.slot}"
+
+
+def _raise(blocking: tuple[CodeferryError, ...], what: str, root: Path) -> None:
+    if len(blocking) == 1:
+        raise blocking[0]
+    if blocking:
+        lines = "; ".join(str(p) for p in blocking)
+        raise ProblemsFound(
+            f"{len(blocking)} blocking problems in {what}: {lines}",
+            problems=blocking,
+            fix=f"run `codeferry inspect {root}` for the full report.",
+        )
 
 
 def _display(unit: Unit, rel: str) -> str:
@@ -179,6 +242,17 @@ def _too_deep(unit: Unit, rel: str, line: int, consequence: str) -> SourceTooDee
 
 
 def _load_json(path: Path) -> tuple[Any, str]:
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        raw = b""
+    if raw.startswith(_LFS_HEADER):
+        raise LFSPointerError(
+            f"{path.name} is a Git LFS pointer, not JSON: the real file was never downloaded.",
+            path=str(path), line=1,
+            fix="fetch the real file (`git lfs pull` in the model's clone, or download the "
+            "repo again with huggingface_hub).",
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -227,12 +301,18 @@ class _Resolver:
         self.cache_dir = cache_dir  # where cross-repo code is looked up, like the model
         self.units: dict[str | None, Unit] = {None: self.main}
         self.problems: list[CodeferryError] = []
+        self.scopes: list[frozenset[str]] = []  # per problem: the modules/refs it blocks
         self.edges: set[tuple[str, str, bool]] = set()
         # child -> parent package: Python runs the parent first, and a parent that
         # imports its own submodules (``from .rope import rope`` in __init__) is fine.
         self.parent_edges: set[tuple[str, str]] = set()
         self.pins: dict[str, str] = {}
         self.siblings: set[str] = set()  # absolute imports that are really model files
+
+    def report(self, problem: CodeferryError, *scope: str) -> None:
+        """Record ``problem``; it blocks the classes whose closure meets ``scope``."""
+        self.problems.append(problem)
+        self.scopes.append(frozenset(scope))
 
     # -- units ------------------------------------------------------------------------
 
@@ -258,12 +338,13 @@ class _Resolver:
         if name in unit.modules:
             return unit.modules[name]
         found = _graph.module_path(name, unit.files)
+        qualified = f"{unit.repo}--{name}" if unit.repo else name
         if found is None or (found[0] == "" and not found[1]):
-            self.problems.append(MissingModuleError(
+            self.report(MissingModuleError(
                 f"module {name!r} is not in {unit.source.name} (no {name.replace('.', '/')}.py).",
                 path=where, line=line,
                 fix=f"add {name.replace('.', '/')}.py to the model folder, or correct the name.",
-            ))
+            ), qualified)
             return None
         rel, is_package = found
         module = Module(unit.repo, name, rel, is_package)
@@ -278,10 +359,10 @@ class _Resolver:
         data = read_bytes(unit.source, rel)
         unit.sources[rel] = data
         if data.startswith(_LFS_HEADER):
-            self.problems.append(LFSPointerError(
+            self.report(LFSPointerError(
                 f"{rel} is a Git LFS pointer, not Python code.", path=_display(unit, rel), line=1,
                 fix="fetch the real file (`git lfs pull`, or download the repo again).",
-            ))
+            ), qualified)
             return module
         try:
             text = data.decode("utf-8")
@@ -295,18 +376,19 @@ class _Resolver:
         try:
             tree = ast.parse(text, filename=rel)
         except SyntaxError as exc:
-            self.problems.append(SourceSyntaxError(
+            self.report(SourceSyntaxError(
                 f"{rel} is not valid Python: {exc.msg}.", path=_display(unit, rel),
                 line=exc.lineno, col=exc.offset, fix=f"correct the syntax of {rel} at that position.",
-            ))
+            ), qualified)
             return module
         except (RecursionError, MemoryError):  # the parser's own stack ran out
-            self.problems.append(_too_deep(unit, rel, _busiest_line(text), "Python cannot compile it"))
+            self.report(_too_deep(unit, rel, _busiest_line(text), "Python cannot compile it"),
+                        qualified)
             return module
         try:
             scan = _graph.scan(tree)
         except _graph.NestingTooDeep as exc:
-            self.problems.append(_too_deep(unit, rel, exc.line, "codeferry cannot analyse it"))
+            self.report(_too_deep(unit, rel, exc.line, "codeferry cannot analyse it"), qualified)
             return module
         unit.scans[name] = scan
         self.walk_imports(unit, module, scan)
@@ -329,25 +411,34 @@ class _Resolver:
                 target = self.add_module(unit, name, where=where, line=imp.line)
                 if target is not None and target.name != module.name:
                     self.edges.add((module.qualified, target.qualified, imp.deferred))
-            if missing and not imp.guarded:
+            if missing:
                 stem = missing[0].replace(".", "/")
-                self.problems.append(MissingModuleError(
-                    f"{module.path} imports {'.' * imp.level}{imp.module or ''}, "
-                    f"but {stem}.py is not in the model folder.",
-                    path=where, line=imp.line, col=imp.col,
-                    fix=f"add {stem}.py, or wrap the import in try/except ImportError if it is optional.",
-                ))
+                text = (f"{module.path} imports {'.' * imp.level}{imp.module or ''}, "
+                        f"but {stem}.py is not in the model folder")
+                if imp.guarded or imp.deferred:
+                    how = "guarded" if imp.guarded else "inside a function"
+                    self.report(OptionalModuleMissing(
+                        f"{text}; the import is {how}, so only the code path that needs it fails.",
+                        path=where, line=imp.line, col=imp.col,
+                        fix=f"nothing, unless that path is used: then add {stem}.py.",
+                    ), module.qualified)
+                else:
+                    self.report(MissingModuleError(
+                        f"{text}.", path=where, line=imp.line, col=imp.col,
+                        fix=f"add {stem}.py, or wrap the import in try/except ImportError if it "
+                        "is optional.",
+                    ), module.qualified)
         for ext in scan.external:
             top_file = _graph.module_path(ext.top, unit.files)
             if top_file is not None and ext.top not in sys.stdlib_module_names:
                 self.siblings.add(ext.top)
                 rel_form = f"from .{ext.module} import ..." if ext.names else f"from . import {ext.top}"
-                self.problems.append(AbsoluteSiblingImportError(
+                self.report(AbsoluteSiblingImportError(
                     f"{module.path} imports {ext.module!r} absolutely, but it is a file of "
                     "the model; that only works when the model folder is on sys.path.",
                     path=where, line=ext.line, col=ext.col,
                     fix=f"use a relative import: `{rel_form}`.",
-                ))
+                ), module.qualified)
                 target = self.add_module(unit, ext.module if _graph.module_path(
                     ext.module, unit.files) else ext.top, where=where, line=ext.line)
                 if target is not None:
@@ -373,21 +464,21 @@ class _Resolver:
         try:
             unit = self.unit_for(ref.repo)
         except ModelNotFoundError as exc:
-            self.problems.append(MissingModuleError(
+            self.report(MissingModuleError(
                 f"auto_map[{ref.key!r}] names {ref.reference!r}, but repo {ref.repo!r} is not "
                 "in the local Hugging Face cache.", path=where, fix=exc.fix,
-            ))
+            ), ref_scope(ref))
             return
         assert unit is not None
         module = self.add_module(unit, ref.module, where=where, line=None)
         if module is None:
             return
         if not self.defines(unit, ref.module, ref.name, set()):
-            self.problems.append(MissingClassError(
+            self.report(MissingClassError(
                 f"auto_map[{ref.key!r}] names {ref.reference!r}, but {module.path} defines "
                 f"no {ref.name!r}.", path=where,
                 fix=f"define class {ref.name} in {module.path}, or correct the auto_map entry.",
-            ))
+            ), ref_scope(ref))
 
     def defines(self, unit: Unit, name: str, attr: str, seen: set[str]) -> bool:
         """Whether module ``name`` binds ``attr`` at module level (following star imports)."""
@@ -443,11 +534,11 @@ def resolve(
     if cycle:
         by_name = {m.qualified: m for m in modules}
         paths = " -> ".join(by_name[n].path or n for n in cycle)
-        resolver.problems.append(ImportCycleError(
+        resolver.report(ImportCycleError(
             f"modules import each other at module level: {paths}.",
             cycle=tuple(cycle), path=str(source.root / by_name[cycle[0]].path),
             fix="move one of these imports into the function that uses it.",
-        ))
+        ), *cycle)
     # Parent packages and deferred imports still order modules where they can (a
     # function-level import of a config module is happier when the config exists), but
     # never create a cycle: try the richest edge set first.
@@ -482,17 +573,73 @@ def resolve(
         for unit in resolver.units.values()
         for name, scan in unit.scans.items()
     ]
-    problems = resolver.problems + check_transformers_names(located)
+    module_at = {
+        str(unit.source.root / unit.modules[name].path): unit.modules[name].qualified
+        for unit in resolver.units.values()
+        for name in unit.scans
+    }
+    closures = _closures(refs, resolver.edges, resolver.parent_edges, order)
+    at_load = {name for closure in closures.values() for name in closure}
+    for path, scan in located:
+        for problem in missing_packages(path, scan, skip=resolver.siblings):
+            note: CodeferryError = problem
+            if module_at[path] not in at_load:  # only ever imported inside a function
+                note = OptionalPackageMissing(
+                    f"{problem.message[:-1]}; nothing imports this module at load, so only "
+                    "the code that imports it fails.", path=problem.path, line=problem.line,
+                    col=problem.col, package=problem.package,
+                    distribution=problem.distribution, fix=problem.fix,
+                )
+            resolver.report(note, module_at[path])
+    for found in check_transformers_names(located):
+        resolver.report(found, module_at.get(found.path or "", ""))
+    problems = resolver.problems
     return Bundle(
         source=source,
         classes=tuple(refs),
         files=tuple(files),
         modules=tuple(sorted(modules, key=lambda m: m.qualified)),
         load_order=tuple(order),
-        edges=tuple(sorted(resolver.edges | {(a, b, False) for a, b in resolver.parent_edges})),
+        edges=tuple(sorted(resolver.edges)),
         requirements=tuple(found_requirements),
         problems=tuple(problems),
         digest=digest,
         pins=dict(resolver.pins),
         sources=sources,
+        closures=closures,
+        scopes=tuple(resolver.scopes),
+        parents=tuple(parents),
     )
+
+
+def _closures(
+    refs: list[ClassRef],
+    edges: set[tuple[str, str, bool]],
+    parent_edges: set[tuple[str, str]],
+    order: list[str],
+) -> dict[ClassRef, tuple[str, ...]]:
+    """Per class, what executes when it loads: module-level imports and parent packages.
+
+    Deferred imports (inside a function) are not followed: plain transformers does not
+    execute those at load either, and a helper that needs a missing package there must
+    not take the class down.
+    """
+    follows: dict[str, set[str]] = {}
+    for a, b, deferred in edges:
+        if not deferred:
+            follows.setdefault(a, set()).add(b)
+    for child, parent in parent_edges:
+        follows.setdefault(child, set()).add(parent)
+    rank = {name: i for i, name in enumerate(order)}
+    out: dict[ClassRef, tuple[str, ...]] = {}
+    for ref in refs:
+        start = f"{ref.repo}--{ref.module}" if ref.repo else ref.module
+        seen = {start}
+        todo = [start]
+        while todo:
+            for nxt in follows.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        out[ref] = tuple(sorted(seen, key=lambda n: (rank.get(n, len(rank)), n)))
+    return out

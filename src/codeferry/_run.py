@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any, Literal, TextIO
 
 from ._checks import check_device
-from ._executor import Executor, Outcome
+from ._executor import Executor, Outcome, needed_classes
 from ._lockfile import Lock, read_lock
 from ._resolve import Bundle, resolve
 from .errors import (
@@ -597,7 +597,7 @@ def run(
     show = err.isatty() if progress is None else progress
     items = read_inputs(input_path, task)
     bundle = resolve(model, revision=revision)
-    bundle.check()
+    bundle.check_classes(needed_classes((task,)))
     trust, locked = _trusted(bundle, trust_remote_code, lock)
     check_device(device)  # before the output is opened (the executor checks again)
 

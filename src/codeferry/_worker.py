@@ -147,6 +147,9 @@ class _Engine:
 
         auto = AutoModel if kind == "embed" else AutoModelForCausalLM
         key = auto.__name__
+        failed = getattr(self.classes, "failed", {})
+        if key in failed:  # the model's own class could not load: say why, not "not found"
+            raise failed[key]
         if key not in self.models:
             dtype = getattr(torch, self.spec.dtype) if self.spec.dtype else None
             model: Any = auto.from_pretrained(self.spec.model, revision=self.spec.revision,

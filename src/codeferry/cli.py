@@ -121,7 +121,10 @@ def _cmd_lock(args: argparse.Namespace) -> int:
     from ._lockfile import Lock
 
     bundle = resolve(args.model or _demo(), revision=args.revision)
-    bundle.check()
+    bundle.check_classes()  # refused only when no class can load
+    for ref in bundle.classes:
+        for problem in bundle.problems_for(ref)[:1]:
+            print(f"codeferry: note: {ref.key} cannot load: {problem}", file=sys.stderr)
     text = Lock.from_bundle(bundle).dumps()
     if args.output:
         _write_atomic(Path(args.output), text.encode("utf-8"))

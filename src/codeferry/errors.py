@@ -50,6 +50,10 @@ __all__ = [
     "ResumeMismatchError",
     "DeviceError",
     "MainGuardError",
+    "MissingPackageError",
+    "OptionalModuleMissing",
+    "OptionalPackageMissing",
+    "ConfigUnavailableError",
 ]
 
 
@@ -386,3 +390,52 @@ class MainGuardError(CodeferryError, RuntimeError):
     ``if __name__ == "__main__":`` guard the script starts an executor in every worker,
     which multiprocessing refuses. ``path``/``line`` name the unguarded statement.
     """
+# -- per-class loading ----------------------------------------------------------------
+
+
+class MissingPackageError(CodeferryError, ImportError):
+    """A module imports a third-party package, unguarded at module level, that is not installed.
+
+    ``package`` is the import name; ``distribution`` the name ``pip install`` takes (a
+    best guess where the two differ and nothing is installed to ask).
+    """
+
+    def __init__(
+        self, message: str, *, package: str = "", distribution: str = "", **kwargs: Any
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.package = package
+        self.distribution = distribution
+
+
+class OptionalPackageMissing(MissingPackageError):
+    """A module reached only through imports inside functions needs a package that is missing.
+
+    A note: nothing imports that module at load, so only the code path that uses it fails.
+    """
+
+    blocking = False
+
+
+class OptionalModuleMissing(MissingModuleError):
+    """An optional relative import (guarded, or inside a function) names a file that is absent.
+
+    A note, not a problem: the import only fails on the code path that needs it.
+    """
+
+    blocking = False
+
+
+class ConfigUnavailableError(CodeferryError, ImportError):
+    """A model class cannot load because the model's ``AutoConfig`` class cannot.
+
+    ``key`` is the model class's ``auto_map`` key; the config's own error is the cause
+    and ``config_error``.
+    """
+
+    def __init__(
+        self, message: str, *, key: str = "", config_error: Any = None, **kwargs: Any
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.key = key
+        self.config_error = config_error

@@ -24,20 +24,32 @@ if TYPE_CHECKING:
         write_hub_model,
         write_model,
     )
+    from codeferry.testing._realworld import (
+        MISSING_PACKAGES,
+        REAL_WORLD_KINDS,
+        write_real_world_model,
+    )
 
 __all__ = [
     "DEMO_SPEC",
     "HELPER_KINDS",
     "LARGEST_SPEC",
+    "MISSING_PACKAGES",
+    "REAL_WORLD_KINDS",
     "ModelSpec",
     "demo_model_path",
     "write_demo_model",
     "write_hub_model",
     "write_model",
+    "write_real_world_model",
 ]
+
+_REAL_WORLD = {"MISSING_PACKAGES", "REAL_WORLD_KINDS", "write_real_world_model"}
 
 
 def __getattr__(name: str) -> Any:
+    if name in _REAL_WORLD:
+        return getattr(importlib.import_module("codeferry.testing._realworld"), name)
     if name in __all__:
         return getattr(importlib.import_module("codeferry.testing._factory"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

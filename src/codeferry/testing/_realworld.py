@@ -1,0 +1,147 @@
+"""Factory variants with the faults real remote-code folders have, one fault per variant.
+
+Each variant is a factory model (``write_model``) with one change that real folders show
+(ChatGLM, Qwen-VL, InternVL2, MiniCPM-V, Florence-2, Baichuan2...):
+
+``tokenizer_missing_package``
+    the tokenizer module imports a package that is not installed (``sentencepiece``);
+    config and models never import it.
+``vision_missing_package``
+    an extra model class (``AutoModelForVision2Seq``) whose vision tower helper imports a
+    package that is not installed (``timm``); the language model does not.
+``deferred_helpers``
+    two helpers imported only inside methods: ``cpp_kernels.py`` imports a package that is
+    not installed (``bitsandbytes``), ``lazy_ops.py`` records its own execution in the file
+    named by ``$CODEFERRY_TEST_MARKER``. Plain transformers executes neither at load.
+``transformers_name_missing``
+    an extra class (``AutoModelForSequenceClassification``) whose helper imports a name
+    the installed transformers does not have.
+``config_missing_package``
+    the configuration module imports a package that is not installed: nothing that
+    needs the config can load.
+``lfs_config``
+    ``config.json`` is a Git LFS pointer (the real file was never pulled).
+
+The packages named are real ones that codeferry's test environments do not install;
+tests check that they are really absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ._factory import ModelSpec, write_model
+
+__all__ = ["REAL_WORLD_KINDS", "MISSING_PACKAGES", "write_real_world_model"]
+
+REAL_WORLD_KINDS: tuple[str, ...] = (
+    "tokenizer_missing_package",
+    "vision_missing_package",
+    "deferred_helpers",
+    "transformers_name_missing",
+    "config_missing_package",
+    "lfs_config",
+)
+
+#: Packages the variants import that must not be installed where the tests run.
+MISSING_PACKAGES: tuple[str, ...] = ("sentencepiece", "timm", "bitsandbytes")
+
+_LFS = "version https://git-lfs.github.com/spec/v1\noid sha256:{}\nsize 1234\n".format("0" * 64)
+
+
+def _edit_auto_map(path: Path, **entries: str) -> None:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["auto_map"].update(entries)
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def _prepend_import(path: Path, line: str) -> None:
+    text = path.read_text(encoding="utf-8")
+    head, sep, body = text.partition('"""\n\n')  # after the module docstring
+    path.write_text(head + sep + line + "\n" + body, encoding="utf-8")
+
+
+def write_real_world_model(path: str | os.PathLike[str], kind: str, name: str = "rw") -> Path:
+    """Write variant ``kind`` (one of ``REAL_WORLD_KINDS``) at ``path``; returns the folder."""
+    if kind not in REAL_WORLD_KINDS:
+        raise ValueError(f"unknown kind {kind!r}; choose one of {', '.join(REAL_WORLD_KINDS)}")
+    root = write_model(path, ModelSpec(name=name, tokenizer=True, helpers=("flat",)))
+    prefix = name.capitalize()
+    if kind == "tokenizer_missing_package":
+        _prepend_import(root / f"tokenization_{name}.py", "import sentencepiece as spm")
+    elif kind == "vision_missing_package":
+        (root / "vision_tower.py").write_text(
+            '"""A vision tower built on timm, as many vision-language models do."""\n\n'
+            "import timm\n\n\n"
+            "def build_tower(name):\n"
+            "    return timm.create_model(name, pretrained=False)\n",
+            encoding="utf-8",
+        )
+        (root / f"modeling_vision_{name}.py").write_text(
+            f'"""The vision-language head of {name}: needs the vision tower."""\n\n'
+            f"from .modeling_{name} import {prefix}PreTrainedModel\n"
+            "from .vision_tower import build_tower\n\n\n"
+            f"class {prefix}VisionModel({prefix}PreTrainedModel):\n"
+            "    def __init__(self, config):\n"
+            "        super().__init__(config)\n"
+            "        self.tower = build_tower('vit_tiny_patch16_224')\n",
+            encoding="utf-8",
+        )
+        _edit_auto_map(root / "config.json",
+                       AutoModelForVision2Seq=f"modeling_vision_{name}.{prefix}VisionModel")
+    elif kind == "deferred_helpers":
+        (root / "cpp_kernels.py").write_text(
+            '"""CUDA kernels, compiled on first use; needs bitsandbytes."""\n\n'
+            "import bitsandbytes\n\n\n"
+            "def quantize(x):\n"
+            "    return bitsandbytes.functional.quantize_4bit(x)\n",
+            encoding="utf-8",
+        )
+        (root / "lazy_ops.py").write_text(
+            '"""A helper imported only inside a method: it records when it executes."""\n\n'
+            "import os\n\n"
+            "_marker = os.environ.get('CODEFERRY_TEST_MARKER')\n"
+            "if _marker:\n"
+            "    with open(_marker, 'a', encoding='utf-8') as handle:\n"
+            "        handle.write(__name__ + '\\n')\n\n\n"
+            "def double(x):\n"
+            "    return 2 * x\n",
+            encoding="utf-8",
+        )
+        modeling = root / f"modeling_{name}.py"
+        modeling.write_text(
+            modeling.read_text(encoding="utf-8")
+            + "\n\ndef lazy_double(x):\n"
+            "    from .lazy_ops import double\n\n"
+            "    return double(x)\n\n\n"
+            "def quantize_weights(x):\n"
+            "    from .cpp_kernels import quantize\n\n"
+            "    return quantize(x)\n",
+            encoding="utf-8",
+        )
+    elif kind == "transformers_name_missing":
+        (root / "legacy_heads.py").write_text(
+            '"""Written for an older transformers: the name moved away since."""\n\n'
+            "from transformers.modeling_utils import PretrainedHeadThatNoLongerExists\n\n"
+            "HEAD = PretrainedHeadThatNoLongerExists\n",
+            encoding="utf-8",
+        )
+        (root / f"modeling_cls_{name}.py").write_text(
+            f'"""A classification head of {name} that needs the legacy helper."""\n\n'
+            f"from .modeling_{name} import {prefix}PreTrainedModel\n"
+            "from .legacy_heads import HEAD\n\n\n"
+            f"class {prefix}ForSequenceClassification({prefix}PreTrainedModel):\n"
+            "    head = HEAD\n",
+            encoding="utf-8",
+        )
+        _edit_auto_map(
+            root / "config.json",
+            AutoModelForSequenceClassification=f"modeling_cls_{name}.{prefix}ForSequenceClassification",
+        )
+    elif kind == "config_missing_package":
+        _prepend_import(root / f"configuration_{name}.py", "import timm  # noqa: F401")
+    elif kind == "lfs_config":
+        (root / "config.json").write_text(_LFS, encoding="utf-8")
+    return root

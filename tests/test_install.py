@@ -1,0 +1,205 @@
+"""``codeferry.install()``: codeferry under code written for plain transformers.
+
+Everything here calls transformers' own API only (``from_pretrained(..., trust_remote_code=
+True)``, ``get_class_from_dynamic_module``), the way inference engines do, in this process
+and in spawned children that call transformers themselves.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing as mp
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import codeferry
+from codeferry.testing import REAL_WORLD_KINDS, ModelSpec, write_model, write_real_world_model
+
+#: Factory variants that transformers' own loader cannot load (its scanner misses them).
+TRANSFORMERS_FAILS = ("helper_subpackage", "helper_from_dot")
+VARIANTS = ("default", *TRANSFORMERS_FAILS, "model_keys_first", "config_helper", "tokenizer",
+            "all_helpers", "acme/tiny", "acme/crossy")
+
+
+def plain_transformers_load(path: str, revision: str | None = None, tokenizer: bool = False,
+                            cache_dir: str | None = None) -> dict[str, Any]:
+    """What an engine does: transformers' API only. Runs here and in spawned children."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    kw = {"trust_remote_code": True, "revision": revision, "cache_dir": cache_dir}
+    config = AutoConfig.from_pretrained(path, **kw)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(path, **kw)
+    out = {
+        "config_module": type(config).__module__,
+        "model_module": type(model).__module__,
+        "config_class_is_type_config": model.config_class is type(config),
+        "model_config_is_type_config": type(model.config) is type(config),
+    }
+    if tokenizer:
+        tok = AutoTokenizer.from_pretrained(path, **kw)
+        out["tokenizer_module"] = type(tok).__module__
+        out["ids"] = tok("hello")["input_ids"]
+    return out
+
+
+def installed_child(path: str, revision: str | None, cache_dir: str | None) -> dict[str, Any]:
+    import codeferry
+
+    codeferry.install()
+    return plain_transformers_load(path, revision, cache_dir=cache_dir)
+
+
+def plain_child(path: str) -> str:
+    """Without codeferry: transformers' own error, as text."""
+    try:
+        plain_transformers_load(path)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "ok"
+
+
+@pytest.fixture
+def installed() -> Iterator[None]:
+    codeferry.install()
+    try:
+        yield
+    finally:
+        codeferry.uninstall()
+
+
+@pytest.fixture(scope="module")
+def child() -> Iterator[cf.ProcessPoolExecutor]:
+    with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        yield pool
+
+
+def _copy(factory_models: dict[str, Path], key: str, tmp_path: Path) -> tuple[str, str | None]:
+    """A private copy of a local variant (fresh code: nothing loaded it yet); hub ids as is."""
+    if "/" in key:
+        return key, None
+    return str(shutil.copytree(factory_models[key], tmp_path / key.replace("/", "_"))), None
+
+
+@pytest.mark.parametrize("key", TRANSFORMERS_FAILS)
+def test_plain_transformers_fails_on_these_layouts(
+    key: str, factory_models: dict[str, Path], child: cf.ProcessPoolExecutor, tmp_path: Path
+) -> None:
+    path, _ = _copy(factory_models, key, tmp_path)
+    assert child.submit(plain_child, path).result(timeout=300) != "ok"  # the test bites
+
+
+@pytest.mark.parametrize("key", VARIANTS)
+def test_transformers_api_after_install_loads_codeferry_classes(
+    key: str, factory_models: dict[str, Path], factory_hub_cache: Path, tmp_path: Path,
+    installed: None,
+) -> None:
+    path, revision = _copy(factory_models, key, tmp_path)
+    report = plain_transformers_load(path, revision, tokenizer=key == "tokenizer",
+                                     cache_dir=str(factory_hub_cache))
+    assert report["config_module"].startswith("codeferry._dyn.u")
+    assert report["model_module"].startswith("codeferry._dyn.u")
+    assert report["config_class_is_type_config"] and report["model_config_is_type_config"]
+    if key == "tokenizer":
+        assert report["tokenizer_module"].startswith("codeferry._dyn.u") and report["ids"]
+
+
+@pytest.mark.parametrize("key", ["helper_subpackage", "helper_from_dot", "acme/crossy"])
+def test_install_in_a_spawned_child_that_calls_transformers_itself(
+    key: str, factory_models: dict[str, Path], factory_hub_cache: Path, tmp_path: Path,
+    child: cf.ProcessPoolExecutor,
+) -> None:
+    path, revision = _copy(factory_models, key, tmp_path)
+    report = child.submit(installed_child, path, revision,
+                          str(factory_hub_cache)).result(timeout=300)
+    assert report["config_module"].startswith("codeferry._dyn.u")
+    assert report["config_class_is_type_config"] and report["model_config_is_type_config"]
+
+
+def test_a_revision_pins_the_hub_snapshot(factory_hub_cache: Path, installed: None) -> None:
+    commit = (factory_hub_cache / "models--acme--tiny" / "refs" / "main").read_text().strip()
+    report = plain_transformers_load("acme/tiny", revision=commit,
+                                     cache_dir=str(factory_hub_cache))
+    assert report["config_module"].startswith("codeferry._dyn.u")
+
+
+def test_transformers_still_decides_trust(
+    factory_models: dict[str, Path], tmp_path: Path, installed: None
+) -> None:
+    from transformers import AutoConfig
+
+    # a model_type nothing registered yet, so only remote code could answer
+    path = write_model(tmp_path / "t", ModelSpec(name="trustme", helpers=("subpackage",)))
+    before = set(__import__("sys").modules)
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        AutoConfig.from_pretrained(path, trust_remote_code=False)
+    assert not any(name.startswith(("codeferry._dyn.u", "transformers_modules"))
+                   for name in set(__import__("sys").modules) - before)
+
+
+def test_get_class_from_dynamic_module_called_directly(
+    factory_models: dict[str, Path], tmp_path: Path, installed: None
+) -> None:
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    path, _ = _copy(factory_models, "helper_subpackage", tmp_path)
+    cls = get_class_from_dynamic_module("modeling_h_subpackage.HSubpackageForCausalLM", path)
+    assert cls.__module__.startswith("codeferry._dyn.u")
+    config_cls = get_class_from_dynamic_module("configuration_h_subpackage.HSubpackageConfig", path)
+    assert cls.config_class is config_cls
+
+
+def test_per_class_loading_through_transformers(tmp_path: Path, installed: None) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    assert "tokenizer_missing_package" in REAL_WORLD_KINDS
+    path = write_real_world_model(tmp_path / "m", "tokenizer_missing_package", name="inst")
+    config = AutoConfig.from_pretrained(path, trust_remote_code=True)
+    model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)
+    assert model.config_class is type(config)
+    with pytest.raises(codeferry.errors.MissingPackageError) as info:
+        AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+    assert "pip install sentencepiece" in (info.value.fix or "")
+
+
+def test_install_twice_is_safe_and_uninstall_restores_transformers(
+    factory_models: dict[str, Path], tmp_path: Path
+) -> None:
+    import transformers.dynamic_module_utils as dmu
+    from transformers.models.auto import configuration_auto
+
+    original = dmu.get_class_from_dynamic_module
+    assert configuration_auto.get_class_from_dynamic_module is original
+    codeferry.install()
+    codeferry.install()
+    hooked = dmu.get_class_from_dynamic_module
+    assert hooked is not original and configuration_auto.get_class_from_dynamic_module is hooked
+    assert hooked.__wrapped__ is original  # type: ignore[attr-defined]
+    codeferry.uninstall()
+    codeferry.uninstall()
+    assert dmu.get_class_from_dynamic_module is original
+    assert configuration_auto.get_class_from_dynamic_module is original
+    # transformers' own behaviour is back: it executes the code under transformers_modules
+    from transformers import AutoConfig
+
+    path = write_model(tmp_path / "u", ModelSpec(name="restored"))
+    config = AutoConfig.from_pretrained(path, trust_remote_code=True)
+    assert type(config).__module__.startswith("transformers_modules.")
+
+
+def test_after_load_the_flag_by_habit_does_not_execute_the_code_again(tmp_path: Path) -> None:
+    from transformers import AutoConfig, AutoTokenizer
+
+    path = write_real_world_model(tmp_path / "m", "deferred_helpers", name="habit")
+    classes = codeferry.load(path, trust_remote_code=True)
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+    config = AutoConfig.from_pretrained(path, trust_remote_code=True)
+    assert type(tok) is classes["AutoTokenizer"][0]
+    assert type(config) is classes["AutoConfig"]
+    assert not any(n.startswith("transformers_modules.") and "habit" in n
+                   for n in __import__("sys").modules)
