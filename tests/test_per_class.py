@@ -216,3 +216,13 @@ def test_what_loaded_travels_to_a_spawned_process(
     assert report["config_module"].startswith("codeferry._dyn.u")
     assert report["config_class_is_type_config"] and report["same_config_class"]
     assert report["logits"] == pytest.approx(expected, abs=1e-6)
+
+
+def test_a_cross_repo_class_whose_repo_is_absent_fails_alone(
+    factory_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    result = codeferry.load(factory_models["cross_repo"], trust_remote_code=True)
+    assert {"AutoConfig", "AutoModelForCausalLM"} <= set(result)
+    error = result.failed["AutoModelForSequenceClassification"]
+    assert isinstance(error, errors.MissingModuleError) and "org/shared-heads" in str(error)

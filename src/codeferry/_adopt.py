@@ -151,26 +151,6 @@ def _hooked(original: Any) -> Any:
     return get_class_from_dynamic_module
 
 
-def _modules_binding(function: Any) -> list[Any]:
-    """Modules whose global ``get_class_from_dynamic_module`` is ``function`` (None: ours).
-
-    Reads each module's ``__dict__`` directly: some modules (torch's class namespaces)
-    answer any attribute through a ``__getattr__`` that raises.
-    """
-    found = []
-    for module in list(sys.modules.values()):
-        try:
-            bound = vars(module).get("get_class_from_dynamic_module")
-        except TypeError:  # no __dict__
-            continue
-        if bound is None:
-            continue
-        if (bound is function) if function is not None else (
-                vars(bound).get("__codeferry__", False) if hasattr(bound, "__dict__") else False):
-            found.append(module)
-    return found
-
-
 def _hook() -> None:
     """Route ``get_class_from_dynamic_module`` through codeferry, wherever it was imported."""
     import transformers.dynamic_module_utils as dmu
@@ -183,8 +163,7 @@ def _hook() -> None:
         _originals["get_class_from_dynamic_module"] = original
         # The Auto classes (and vLLM, pipelines) bind the name at their import: replace it
         # in every module already imported; modules imported later take dmu's.
-        for module in _modules_binding(original):
-            setattr(module, "get_class_from_dynamic_module", hooked)  # noqa: B010
+        _transformers.rebind("get_class_from_dynamic_module", original, hooked)
         dmu.get_class_from_dynamic_module = hooked
         original_in_module = dmu.get_class_in_module
         _originals["get_class_in_module"] = original_in_module
@@ -238,8 +217,8 @@ def uninstall() -> None:
         _loaded_roots.clear()
         original = _originals.pop("get_class_from_dynamic_module", None)
         if original is not None:
-            for module in _modules_binding(None):
-                setattr(module, "get_class_from_dynamic_module", original)  # noqa: B010
+            _transformers.rebind("get_class_from_dynamic_module", dmu.get_class_from_dynamic_module,
+                                 original)
         in_module = _originals.pop("get_class_in_module", None)
         if in_module is not None:
             dmu.get_class_in_module = in_module

@@ -41,7 +41,9 @@ def class_key(source: str, key: str) -> str:
 def units_of(bundle: Bundle) -> dict[str | None, UnitData]:
     """The bundle's code split by repo (``None``: the model's own), ready to register."""
     units: dict[str | None, UnitData] = {}
-    repos = {f.repo for f in bundle.files} | {c.repo for c in bundle.classes}
+    # a cross-repo reference whose repo is not at hand has no unit (its class cannot load)
+    repos = {f.repo for f in bundle.files} | {
+        c.repo for c in bundle.classes if c.repo is None or c.repo in bundle.pins}
     for repo in sorted(repos, key=lambda r: r or ""):
         files = {path: data for (r, path), data in bundle.sources.items() if r == repo}
         prefix = f"{repo}--" if repo else ""

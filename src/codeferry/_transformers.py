@@ -80,6 +80,24 @@ def install_generation_mixin_hook() -> None:
     auto_factory.add_generation_mixin_to_remote_model = add_generation_mixin_to_remote_model
 
 
+def rebind(name: str, old: Any, new: Any) -> None:
+    """Replace global ``name`` where it is ``old``, in every module imported so far.
+
+    transformers' Auto classes (and vLLM, pipelines) bind functions of
+    ``dynamic_module_utils`` by name at their import; modules imported later take the
+    attribute of ``dynamic_module_utils`` itself, which the caller replaces too. Reads
+    each module's ``__dict__`` directly: some modules (torch's class namespaces) answer
+    any attribute through a ``__getattr__`` that raises.
+    """
+    for module in list(sys.modules.values()):
+        try:
+            namespace = vars(module)
+        except TypeError:  # no __dict__
+            continue
+        if namespace.get(name) is old:
+            setattr(module, name, new)
+
+
 def _auto_class(key: str) -> Any:
     import transformers
 
@@ -98,7 +116,13 @@ def register_with_transformers(
     """
     out = dict(classes)
     config_cls = classes.get("AutoConfig")
+    from ._saving import install_save_hook, save_as
+
+    install_save_hook()
     for key, value in classes.items():
+        for cls in value if isinstance(value, tuple) else (value,):
+            if isinstance(cls, type):
+                save_as(cls, key.rsplit(":", 1)[-1])
         if key == "AutoConfig" or key.endswith(":AutoConfig"):
             model_type = getattr(value, "model_type", "")
             if model_type:
