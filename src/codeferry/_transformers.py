@@ -40,9 +40,26 @@ def _add_mixin() -> Any:
     return _original_add_mixin
 
 
-def with_generation_mixin(cls: type, runtime: _loader.Runtime | None = None) -> type:
+#: ``auto_map`` keys of heads that generate: they get ``generate()`` whatever they define.
+GENERATIVE_KEYS = frozenset({"AutoModelForCausalLM", "AutoModelForSeq2SeqLM"})
+
+
+def _needs_generate(cls: type, generative: bool) -> bool:
+    """A generative head that has no ``generate``: transformers adds the mixin only to
+    classes that define ``prepare_inputs_for_generation`` or ``generate``, and which
+    classes get it changed between releases; many real remote models define neither."""
+    if not generative or hasattr(cls, "generate"):
+        return False
+    return any(k.__name__ == "Module" and k.__module__.startswith("torch.") for k in cls.__mro__)
+
+
+def with_generation_mixin(
+    cls: type, runtime: _loader.Runtime | None = None, *, generative: bool = False
+) -> type:
     """``cls`` with ``GenerationMixin`` where transformers would add it; the module agrees.
 
+    ``generative`` (a causal or seq2seq LM head) adds the mixin to a class without
+    ``generate`` too, so ``generate()`` works on every supported transformers release.
     transformers builds a new class on every call (so two models loaded one after the
     other have two classes of one name, and neither pickles by name). Here it is built
     once per class, and it replaces the original in its module.
@@ -51,6 +68,10 @@ def with_generation_mixin(cls: type, runtime: _loader.Runtime | None = None) -> 
     if isinstance(cached, type):
         return cached
     new: type = _add_mixin()(cls)
+    if new is cls and _needs_generate(cls, generative):
+        from transformers import GenerationMixin
+
+        new = type(cls.__name__, (cls, GenerationMixin), {"__module__": cls.__module__})
     if new is cls:
         return cls
     new.__qualname__ = cls.__qualname__
@@ -74,7 +95,9 @@ def install_generation_mixin_hook() -> None:
     _add_mixin()  # capture the original before replacing it
 
     def add_generation_mixin_to_remote_model(model_class: type) -> type:
-        return with_generation_mixin(model_class)
+        name = getattr(model_class, "__name__", "")
+        return with_generation_mixin(
+            model_class, generative=name.endswith(("ForCausalLM", "ForConditionalGeneration")))
 
     add_generation_mixin_to_remote_model._codeferry = True  # type: ignore[attr-defined]
     auto_factory.add_generation_mixin_to_remote_model = add_generation_mixin_to_remote_model
@@ -143,7 +166,8 @@ def register_with_transformers(
             elif key == "AutoVideoProcessor":
                 auto.register(config_cls, video_processor_class=value, exist_ok=True)
             elif key.startswith("AutoModel") and isinstance(value, type):
-                value = with_generation_mixin(value, runtimes.get(value))
+                value = with_generation_mixin(value, runtimes.get(value),
+                                              generative=key in GENERATIVE_KEYS)
                 out[key] = value
                 auto.register(config_cls, value, exist_ok=True)
         except (ValueError, TypeError) as exc:

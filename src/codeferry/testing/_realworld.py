@@ -21,6 +21,10 @@ Each variant is a factory model (``write_model``) with one change that real fold
     needs the config can load.
 ``lfs_config``
     ``config.json`` is a Git LFS pointer (the real file was never pulled).
+``no_generation_hooks``
+    the causal LM neither inherits ``GenerationMixin`` nor defines ``generate`` or
+    ``prepare_inputs_for_generation`` (as many real remote models are written): whether
+    transformers gives it ``generate()`` depends on its release.
 
 The packages named are real ones that codeferry's test environments do not install;
 tests check that they are really absent.
@@ -43,6 +47,7 @@ REAL_WORLD_KINDS: tuple[str, ...] = (
     "transformers_name_missing",
     "config_missing_package",
     "lfs_config",
+    "no_generation_hooks",
 )
 
 #: Packages the variants import that must not be installed where the tests run.
@@ -144,4 +149,20 @@ def write_real_world_model(path: str | os.PathLike[str], kind: str, name: str = 
         _prepend_import(root / f"configuration_{name}.py", "import timm  # noqa: F401")
     elif kind == "lfs_config":
         (root / "config.json").write_text(_LFS, encoding="utf-8")
+    elif kind == "no_generation_hooks":
+        modeling = root / f"modeling_{name}.py"
+        text = modeling.read_text(encoding="utf-8")
+        lines = text.splitlines(keepends=True)
+        start = next(i for i, line in enumerate(lines)
+                     if line.startswith("    def prepare_inputs_for_generation("))
+        end = start + 1
+        while end < len(lines) and (not lines[end].strip() or lines[end].startswith("        ")):
+            end += 1  # the method's body (and blank lines after it)
+        modeling.write_text("".join(lines[:start] + lines[end:]), encoding="utf-8")
+        # The model keeps no KV cache: say so, as such models do, so generate() re-reads
+        # the whole sequence instead of feeding it the last token only.
+        gen = root / "generation_config.json"
+        data = json.loads(gen.read_text(encoding="utf-8"))
+        data["use_cache"] = False
+        gen.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     return root
