@@ -46,6 +46,7 @@ __all__ = [
     "InputNotFoundError",
     "InputFormatError",
     "OutputError",
+    "StorePermissionError",
 ]
 
 
@@ -327,3 +328,24 @@ class InputFormatError(CodeferryError, ValueError):
 
 class OutputError(CodeferryError, OSError):
     """The ``--output`` file of ``codeferry run`` cannot be opened, locked or written."""
+
+
+# -- the store's permissions ----------------------------------------------------------
+
+
+class StorePermissionError(CodeferryError, PermissionError):
+    """A folder or entry of the codeferry store is owned, or writable, by another user.
+
+    Whoever can write there can replace code this process would run. ``owner`` (uid) and
+    ``mode`` (permission bits) are what was found at ``path``; ``digest`` names the unit
+    when an entry of one is at fault.
+    """
+
+    def __init__(
+        self, message: str, *, owner: int | None = None, mode: int | None = None,
+        digest: str | None = None, **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.owner = owner
+        self.mode = mode
+        self.digest = digest
