@@ -15,8 +15,8 @@ from pathlib import Path
 import torch  # noqa: F401
 import transformers.modeling_utils  # noqa: F401
 
-from codeferry._run import run
 from codeferry import cli
+from codeferry._run import run
 
 DEMO = Path(cli._demo())
 PROMPTS = DEMO / "prompts.txt"
@@ -35,8 +35,9 @@ def _rows(text: str) -> list[dict[str, object]]:
 def test_output_dev_stdout_into_a_pipe_is_written_through() -> None:
     """``codeferry run ... --output /dev/stdout | cat`` used to wait forever."""
     env = {**os.environ, "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
-    proc = subprocess.run(_cli("/dev/stdout"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          stdin=subprocess.DEVNULL, text=True, timeout=90, env=env, check=False)
+    # capture_output: stdout (and so /dev/stdout) is a real pipe, as in `| cat`.
+    proc = subprocess.run(_cli("/dev/stdout"), capture_output=True, stdin=subprocess.DEVNULL,
+                          text=True, timeout=90, env=env, check=False)
     assert proc.returncode == 0, proc.stderr
     rows = _rows(proc.stdout)
     assert [row["id"] for row in rows] == list(range(1, N_PROMPTS + 1))
