@@ -47,6 +47,7 @@ __all__ = [
     "InputFormatError",
     "OutputError",
     "StorePermissionError",
+    "TicketPackageError",
 ]
 
 
@@ -349,3 +350,16 @@ class StorePermissionError(CodeferryError, PermissionError):
         self.owner = owner
         self.mode = mode
         self.digest = digest
+
+
+class TicketPackageError(_CodeError, ImportError):
+    """A pickled unit asks to be registered under a package name that is not its own.
+
+    Only ``codeferry._dyn.u<token>`` of its own digest, or a ``transformers_modules.``
+    alias, may be: anything else (``requests``, ``codeferry._dyn``) would put the sender's
+    code in the place of a module the receiver imports. ``package`` is the name asked for.
+    """
+
+    def __init__(self, message: str, *, package: str | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.package = package
