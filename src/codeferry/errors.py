@@ -48,6 +48,7 @@ __all__ = [
     "OutputError",
     "StorePermissionError",
     "TicketPackageError",
+    "RequestUnpicklingError",
 ]
 
 
@@ -363,3 +364,10 @@ class TicketPackageError(_CodeError, ImportError):
     def __init__(self, message: str, *, package: str | None = None, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.package = package
+
+
+class RequestUnpicklingError(WorkerError):
+    """A worker could not unpickle a request it was sent; the unpickling error is the cause.
+
+    Sending it again would fail the same way, so its batch fails at once, not retried.
+    """
