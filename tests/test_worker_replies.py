@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import _store_workers
 import pytest
 
 # Workers forked from this process start in about a second with these imported here.
@@ -26,9 +27,6 @@ from codeferry.errors import (
     RequestUnpicklingError,
     WorkerError,
 )
-
-sys.path.insert(0, str(Path(__file__).parent))
-import _store_workers  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -215,7 +215,7 @@ def _unpack(blob: Any) -> Any:
                                      fix="send requests through codeferry.Executor only.")
     try:
         return pickle.loads(blob)
-    except BaseException as exc:  # noqa: BLE001 - a SystemExit from __reduce__ included
+    except BaseException as exc:  # a SystemExit from __reduce__ included
         raise RequestUnpicklingError(
             f"a worker could not unpickle a request: {type(exc).__name__}: {exc}",
             fix="an input object fails to unpickle in a fresh process; make it picklable "
