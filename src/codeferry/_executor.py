@@ -43,8 +43,14 @@ from typing import Any, Literal
 from ._checks import check_device, check_main_guard
 from ._lockfile import Lock, read_lock
 from ._resolve import resolve
-from ._worker import WorkerSpec, remote_error, worker_main
-from .errors import BatchFailedError, CodeChangedError, WorkerError, WorkerStartupError
+from ._worker import WorkerSpec, pack, remote_error, worker_main
+from .errors import (
+    BatchFailedError,
+    CodeChangedError,
+    RequestUnpicklingError,
+    WorkerError,
+    WorkerStartupError,
+)
 
 __all__ = ["Executor", "Outcome"]
 
@@ -147,6 +153,13 @@ class Executor:
         locked = lock if isinstance(lock, Lock) or lock is None else read_lock(lock)
         if locked is not None:
             locked.check(bundle)
+            # The parent unpickles its workers' replies (results, errors of classes the
+            # model defines): it must refuse what its workers would refuse, from now on,
+            # as ``load(model, lock=...)`` here would.
+            from . import _policy
+            from ._api import units_of
+
+            _policy.allow({u.digest for u in units_of(bundle).values()}, from_lock=True)
         elif bundle.files and not trust_remote_code:
             from ._api import trust_error
 
@@ -346,7 +359,7 @@ class Executor:
                     job.attempts += 1
                     worker.queue.append((request, job))
                     try:
-                        worker.conn.send((request, job.kind, job.payload))
+                        worker.conn.send((request, job.kind, pack(job.payload)))
                     except (OSError, ValueError):
                         break  # a dead worker: its sentinel fires below
             watched = [w for w in self._workers if w is not None and w.queue]
@@ -390,10 +403,13 @@ class Executor:
                         pending.appendleft(waiting)
                     self._replace(worker.slot)
                 for batch in failed:
-                    if batch.attempts > self.max_retries:
+                    # A request the worker cannot unpickle fails the same way every time.
+                    final = isinstance(batch.last_error, RequestUnpicklingError)
+                    if final or batch.attempts > self.max_retries:
+                        times = "once (not retried)" if final else f"{batch.attempts} times"
                         failure = BatchFailedError(
-                            f"a batch of {len(batch.indices)} inputs failed {batch.attempts} "
-                            f"times; inputs {batch.indices}: {batch.last_error}",
+                            f"a batch of {len(batch.indices)} inputs failed {times}; "
+                            f"inputs {batch.indices}: {batch.last_error}",
                             indices=tuple(batch.indices), inputs=tuple(batch.inputs),
                             fix="the cause is the last attempt's error; inputs that crash the "
                             "model can be isolated with batch_size=1.",
@@ -467,7 +483,7 @@ class Executor:
                 assert worker is not None
                 request = next(self._requests)
                 try:
-                    worker.conn.send((request, "rpc", (func, args, kwargs)))
+                    worker.conn.send((request, "rpc", pack((func, args, kwargs))))
                     reply = worker.conn.recv()
                     while reply[0] != request:  # a reply to an abandoned iterator
                         reply = worker.conn.recv()

@@ -42,6 +42,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import pickle
+import re
 import sys
 import threading
 import types
@@ -50,8 +51,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import _loader
-from ._store import UnitData, read_unit
-from .errors import CodeUnavailableError
+from ._store import UnitData, read_unit, token_of
+from .errors import CodeUnavailableError, TicketPackageError
 
 __all__ = ["Ticket", "mark_module", "mark_class", "ticket_for", "is_ferried", "runtime_of"]
 
@@ -105,6 +106,44 @@ def ticket_for(runtime: _loader.Runtime, *, embedded: bool) -> Ticket:
     return ticket
 
 
+_TOKEN = re.compile(r"[0-9a-f]{32}")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_ALIAS = re.compile(r"transformers_modules(\.[A-Za-z0-9_]+)+")
+
+
+def _check_package(package: object, digest: object, label: object = None) -> str:
+    """The token a ticket's unit may be registered under ``package`` with, or a typed error.
+
+    A ticket names its own package (so a transformers-loaded unit keeps its
+    ``transformers_modules.`` name in the receiver), which makes the name sender's data:
+    only the unit's own content name, or a ``transformers_modules.`` alias, is accepted.
+    ``digest`` is a full digest, a token, or ``None`` (then the package carries it).
+    """
+    text = package if isinstance(package, str) else repr(package)
+    if isinstance(digest, str) and _DIGEST.fullmatch(digest):
+        token: str | None = token_of(digest)
+    elif isinstance(digest, str) and _TOKEN.fullmatch(digest):
+        token = digest
+    elif digest is None and isinstance(package, str) and package.startswith(_loader.PREFIX + ".u"):
+        token = package[len(_loader.PREFIX) + 2:]
+        token = token if _TOKEN.fullmatch(token) else None
+    else:
+        token = None
+    if token is not None and isinstance(package, str) and (
+        package == f"{_loader.PREFIX}.u{token}" or _ALIAS.fullmatch(package)
+    ):
+        return token
+    raise TicketPackageError(
+        f"a pickled object asks to register code ({digest}) under package {text!r}, which "
+        f"is neither its own name ({_loader.PREFIX}.u<first 32 hex digits of its digest>) "
+        "nor a transformers_modules. alias; it was refused before anything ran.",
+        package=text, digest=digest if isinstance(digest, str) else None,
+        model=label if isinstance(label, str) else None,
+        fix="unpickle only messages from processes you trust; a sender running codeferry "
+        "never writes such a ticket, so this one was crafted or damaged.",
+    )
+
+
 def _arrive(
     digest: str,
     package: str,
@@ -114,6 +153,7 @@ def _arrive(
     payload: bytes,
 ) -> Ticket:
     """Receiver side: make the unit importable under ``package`` before anything uses it."""
+    _check_package(package, digest, label)
     existing = _loader.registered(package)
     if existing is not None and existing.unit.digest == digest:
         return ticket_for(existing, embedded=True)
@@ -124,10 +164,10 @@ def _arrive(
 
 def _arrive_ref(package: str, token: str | None = None) -> Ticket:
     """Receiver side of a by-reference ticket: the unit comes from this machine's store."""
+    token = _check_package(package, token)
     existing = _loader.registered(package)
     if existing is not None:
         return ticket_for(existing, embedded=False)
-    token = token or package.rsplit(".u", 1)[-1]
     stored = read_unit(token)
     if stored is None:
         raise CodeUnavailableError(

@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import tokenize
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -308,6 +309,7 @@ class _Resolver:
         self.parent_edges: set[tuple[str, str]] = set()
         self.pins: dict[str, str] = {}
         self.siblings: set[str] = set()  # absolute imports that are really model files
+        self.pending: deque[tuple[Unit, Module]] = deque()  # registered, not read yet
 
     def report(self, problem: CodeferryError, *scope: str) -> None:
         """Record ``problem``; it blocks the classes whose closure meets ``scope``."""
@@ -334,9 +336,28 @@ class _Resolver:
     # -- modules ----------------------------------------------------------------------
 
     def add_module(self, unit: Unit, name: str, *, where: str, line: int | None) -> Module | None:
-        """Read, parse and scan module ``name`` of ``unit`` (once), and walk its imports."""
-        if name in unit.modules:
-            return unit.modules[name]
+        """Register module ``name`` of ``unit`` and its parent packages (once each).
+
+        Reading, parsing and walking their imports happens in ``drain``, from a work
+        list: a chain of a thousand imports, or a package a thousand folders deep, takes
+        no more stack than one file (recursion would run out of it, and the parser,
+        called at that depth, would call a one-line file too deeply nested).
+        """
+        module = unit.modules.get(name) or self._register(unit, name, where=where, line=line)
+        # Parent packages execute first: ``utils.rope`` needs ``utils/__init__.py``.
+        child = module
+        while child is not None and "." in child.name:
+            parent_name = child.name.rsplit(".", 1)[0]
+            parent = unit.modules.get(parent_name)
+            known = parent is not None
+            if parent is None:
+                parent = self._register(unit, parent_name, where=where, line=line)
+            if parent is not None:
+                self.parent_edges.add((child.qualified, parent.qualified))
+            child = None if known else parent
+        return module
+
+    def _register(self, unit: Unit, name: str, *, where: str, line: int | None) -> Module | None:
         found = _graph.module_path(name, unit.files)
         qualified = f"{unit.repo}--{name}" if unit.repo else name
         if found is None or (found[0] == "" and not found[1]):
@@ -349,21 +370,27 @@ class _Resolver:
         rel, is_package = found
         module = Module(unit.repo, name, rel, is_package)
         unit.modules[name] = module
-        # Parent packages execute first: ``utils.rope`` needs ``utils/__init__.py``.
-        if "." in name:
-            parent = self.add_module(unit, name.rsplit(".", 1)[0], where=where, line=line)
-            if parent is not None:
-                self.parent_edges.add((module.qualified, parent.qualified))
-        if rel == "":  # a namespace folder: nothing to read
-            return module
+        if rel:  # a namespace folder has nothing to read
+            self.pending.append((unit, module))
+        return module
+
+    def drain(self) -> None:
+        """Read and scan every registered module not read yet, and the ones they import."""
+        while self.pending:
+            unit, module = self.pending.popleft()
+            self.read_module(unit, module)
+
+    def read_module(self, unit: Unit, module: Module) -> None:
+        """Read, parse and scan one module, and register what it imports."""
+        name, rel = module.name, module.path
         data = read_bytes(unit.source, rel)
         unit.sources[rel] = data
         if data.startswith(_LFS_HEADER):
             self.report(LFSPointerError(
                 f"{rel} is a Git LFS pointer, not Python code.", path=_display(unit, rel), line=1,
                 fix="fetch the real file (`git lfs pull`, or download the repo again).",
-            ), qualified)
-            return module
+            ), module.qualified)
+            return
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -379,21 +406,21 @@ class _Resolver:
             self.report(SourceSyntaxError(
                 f"{rel} is not valid Python: {exc.msg}.", path=_display(unit, rel),
                 line=exc.lineno, col=exc.offset, fix=f"correct the syntax of {rel} at that position.",
-            ), qualified)
-            return module
+            ), module.qualified)
+            return
         except (RecursionError, MemoryError):  # the parser's own stack ran out
             self.report(_too_deep(unit, rel, _busiest_line(text), "Python cannot compile it"),
-                        qualified)
-            return module
+                        module.qualified)
+            return
         try:
             scan = _graph.scan(tree)
         except _graph.NestingTooDeep as exc:
-            self.report(_too_deep(unit, rel, exc.line, "codeferry cannot analyse it"), qualified)
-            return module
+            self.report(_too_deep(unit, rel, exc.line, "codeferry cannot analyse it"),
+                        module.qualified)
+            return
         unit.scans[name] = scan
         self.walk_imports(unit, module, scan)
         self.find_assets(unit, module, scan)
-        return module
 
     def walk_imports(self, unit: Unit, module: Module, scan: _graph.ModuleScan) -> None:
         where = _display(unit, module.path)
@@ -471,29 +498,36 @@ class _Resolver:
             return
         assert unit is not None
         module = self.add_module(unit, ref.module, where=where, line=None)
+        self.drain()
         if module is None:
             return
-        if not self.defines(unit, ref.module, ref.name, set()):
+        if not self.defines(unit, ref.module, ref.name):
             self.report(MissingClassError(
                 f"auto_map[{ref.key!r}] names {ref.reference!r}, but {module.path} defines "
                 f"no {ref.name!r}.", path=where,
                 fix=f"define class {ref.name} in {module.path}, or correct the auto_map entry.",
             ), ref_scope(ref))
 
-    def defines(self, unit: Unit, name: str, attr: str, seen: set[str]) -> bool:
-        """Whether module ``name`` binds ``attr`` at module level (following star imports)."""
-        scan = unit.scans.get(name)
-        module = unit.modules.get(name)
-        if scan is None or module is None or name in seen:
-            return True  # unreadable modules are reported on their own
-        seen.add(name)
-        if attr in scan.defined or scan.open_namespace or scan.star_external:
-            return True
-        for level, sub in scan.star_relative:
-            imp = _graph.RelativeImport(level, sub, ("*",), 0, 0, False, False)
-            found, _ = _graph.resolve_relative(name, module.is_package, imp, unit.files)
-            if found and self.defines(unit, found[-1], attr, seen):
+    def defines(self, unit: Unit, name: str, attr: str) -> bool:
+        """Whether module ``name`` binds ``attr`` at module level (following star imports).
+
+        A work list rather than recursion, for the same reason as ``add_module``.
+        """
+        todo, seen = [name], set()
+        while todo:
+            current = todo.pop()
+            scan = unit.scans.get(current)
+            module = unit.modules.get(current)
+            if scan is None or module is None or current in seen:
+                return True  # unreadable modules are reported on their own
+            seen.add(current)
+            if attr in scan.defined or scan.open_namespace or scan.star_external:
                 return True
+            for level, sub in reversed(scan.star_relative):
+                imp = _graph.RelativeImport(level, sub, ("*",), 0, 0, False, False)
+                found, _ = _graph.resolve_relative(current, module.is_package, imp, unit.files)
+                if found:
+                    todo.append(found[-1])
         return False
 
 

@@ -40,6 +40,9 @@ A resume whose model, code digest, task or options differ from the record is ref
 with ``ResumeMismatchError`` naming each difference, so one output never silently mixes
 them; ``force_resume`` (``--force-resume``) appends anyway and keeps the earlier record
 in ``earlier``. An output written before records existed is resumed as before.
+
+An output that is not a regular file (``--output /dev/stdout | cat``, a named pipe, a
+device) is written straight through, with no resume, no lock and no ``fsync``.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ import math
 import multiprocessing.util
 import os
 import shutil
+import stat
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -257,16 +261,35 @@ class _Sink:
         self.created = False
         self.unsynced = 0
         self.synced_at = time.monotonic()
+        self.stream = False  # a pipe or device: no resume, no lock, no fsync
 
     def open(self, items: Sequence[InputItem], task: Task) -> _Existing:
-        """Open and lock the file, read what it holds, cut a torn last line away."""
+        """Open and lock the file, read what it holds, cut a torn last line away.
+
+        An output that is not a regular file (a pipe, ``/dev/stdout``, a terminal, a
+        device) is written straight through: there is nothing to resume from, and
+        reading "what it holds" would wait forever on a pipe.
+        """
         if self.path is None:
             return _Existing()
         path = self.path
         try:
+            if _is_stream(path):
+                # O_WRONLY: a named pipe then waits for its reader, as ``>`` would.
+                self.fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+                if _is_stream(self.fd):
+                    self.stream = True
+                    multiprocessing.util.register_after_fork(self, _Sink._forget)
+                    return _Existing()
+                os.close(self.fd)  # replaced by a regular file meanwhile: the usual way
+                self.fd = None
             path.parent.mkdir(parents=True, exist_ok=True)
             self.created = not path.exists()
             self.fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            if _is_stream(self.fd):  # appeared as a pipe between the check and the open
+                self.stream = True
+                multiprocessing.util.register_after_fork(self, _Sink._forget)
+                return _Existing()
         except OSError as exc:
             raise OutputError(f"cannot open output {path}: {exc.strerror or exc}.",
                               path=str(path), fix="choose a writable --output file.") from None
@@ -312,7 +335,7 @@ class _Sink:
         self.unsynced += 1
 
     def sync(self, every: int, *, force: bool = False) -> None:
-        if self.fd is None or not self.unsynced:
+        if self.fd is None or not self.unsynced or self.stream:
             return
         now = time.monotonic()
         if force or self.unsynced >= every or now - self.synced_at >= 1.0:
@@ -325,12 +348,23 @@ class _Sink:
             return
         fd, self.fd = self.fd, None
         try:
-            if discard and self.created and self.path is not None and os.fstat(fd).st_size == 0:
+            if self.stream:
+                pass  # nothing to remove or flush to disk
+            elif discard and self.created and self.path is not None and os.fstat(fd).st_size == 0:
                 os.unlink(self.path)
             elif self.unsynced:
                 os.fsync(fd)
         finally:
             os.close(fd)  # releases the flock
+
+
+def _is_stream(target: Path | int) -> bool:
+    """Whether ``target`` (a path, or an open descriptor) exists and is not a regular file."""
+    try:
+        mode = os.fstat(target).st_mode if isinstance(target, int) else os.stat(target).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
 
 def _lock_exclusive(fd: int, path: Path) -> None:
@@ -647,7 +681,7 @@ def run(
         sink.close()
     except KeyboardInterrupt:
         bar.finish()
-        if path is not None:
+        if path is not None and not sink.stream:
             err.write(f"codeferry: interrupted after writing {result.skipped + result.written} "
                       f"of {result.total} outputs to {path}; run the same command again to "
                       "resume.\n")

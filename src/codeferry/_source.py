@@ -158,16 +158,33 @@ def list_files(source: ModelSource) -> dict[str, Path]:
     """Every file below the model root, as root-relative ``/``-paths (hidden folders skipped).
 
     Folder symlinks are not followed: code behind one must be named explicitly, and is
-    then fenced by ``read_bytes``.
+    then fenced by ``read_bytes``. The walk keeps its own stack (``os.walk`` of Python
+    3.11 recurses, and a model a thousand folders deep would raise ``RecursionError``);
+    the order is the same: folders in name order, each folder's files before its
+    subfolders.
     """
     found: dict[str, Path] = {}
     root = source.root
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
-        base = Path(folder)
-        for name in files:
-            full = base / name
-            found[full.relative_to(root).as_posix()] = full
+    stack: list[tuple[str, str]] = [(str(root), "")]  # (folder, its root-relative prefix)
+    while stack:
+        folder, prefix = stack.pop()
+        try:
+            with os.scandir(folder) as listing:
+                entries = list(listing)
+        except OSError:
+            continue  # unreadable or vanished: os.walk skipped these too
+        subfolders: list[tuple[str, str]] = []
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            if not is_dir:
+                found[prefix + entry.name] = Path(entry.path)
+            elif (entry.name not in _SKIP_DIRS and not entry.name.startswith(".")
+                  and not entry.is_symlink()):
+                subfolders.append((entry.path, prefix + entry.name + "/"))
+        stack.extend(sorted(subfolders, reverse=True))
     return found
 
 

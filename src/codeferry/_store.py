@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,11 +37,14 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from .errors import StoreCorruptError, StoreUnavailableError
+from .errors import StoreCorruptError, StorePermissionError, StoreUnavailableError
 
 __all__ = ["UnitData", "store_root", "unit_digest", "token_of", "read_unit", "write_unit"]
 
 TOKEN_LENGTH = 32
+_DIR_MODE = 0o700
+_FILE_MODE = 0o600
+_SUBFOLDERS = ("units", "locks", "tmp")
 
 
 def store_root() -> Path:
@@ -104,19 +108,171 @@ def _manifest(unit: UnitData) -> dict[str, object]:
     }
 
 
+# -- permissions -------------------------------------------------------------------------
+
+
+def _user(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def _group_is_ours(gid: int) -> bool:
+    """Our own group with no other members: its write bit lets nobody else in."""
+    if gid != os.getegid():
+        return False
+    try:
+        import grp
+        import pwd
+
+        me = pwd.getpwuid(os.geteuid()).pw_name
+        return set(grp.getgrgid(gid).gr_mem) <= {me}
+    except (ImportError, KeyError):
+        return False
+
+
+def _foreign_access(st: os.stat_result, *, sticky_ok: bool) -> str | None:
+    """Why another user could write through ``st`` (``None``: nobody but us and root).
+
+    ``sticky_ok``: a folder above the store may be shared if it has the sticky bit
+    (``/tmp``), where nobody can rename or delete what another user put in it.
+    """
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"is owned by {_user(st.st_uid)}"
+    if stat.S_ISLNK(st.st_mode):
+        return None  # a link's own mode bits mean nothing; its target is checked too
+    if sticky_ok and st.st_mode & stat.S_ISVTX:
+        return None
+    if st.st_mode & stat.S_IWOTH:
+        return "is writable by every user"
+    if st.st_mode & stat.S_IWGRP and not _group_is_ours(st.st_gid):
+        return f"is writable by group {st.st_gid}"
+    return None
+
+
+def _refuse(path: Path | str, st: os.stat_result, why: str, what: str,
+            digest: str | None = None) -> StorePermissionError:
+    if digest is not None:
+        fix = (f"find out who changed it, then remove it (`rm -rf {path}`): the next load "
+               "writes it again, private.")
+    elif st.st_uid not in (os.geteuid(), 0):
+        fix = ("set CODEFERRY_HOME to a folder only you own and can write (e.g. "
+               "`export CODEFERRY_HOME=~/.cache/codeferry`); never a shared one.")
+    else:
+        fix = (f"remove the write permission of others (`chmod go-w {path}`), or set "
+               "CODEFERRY_HOME to a folder only you can write.")
+    return StorePermissionError(
+        f"the codeferry store's {what} {path} {why}: another user could replace code "
+        "that this process would run.",
+        path=str(path), owner=st.st_uid, mode=stat.S_IMODE(st.st_mode), digest=digest, fix=fix,
+    )
+
+
+def _check_path(path: Path, what: str, digest: str | None = None) -> bool:
+    """Refuse ``path`` (and a link's target) if another user owns or can write it.
+
+    Returns whether it exists.
+    """
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    why = _foreign_access(st, sticky_ok=False)
+    if why is None and stat.S_ISLNK(st.st_mode):
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False  # dangling: reads fail and the entry counts as broken
+        why = _foreign_access(st, sticky_ok=False)
+    if why is not None:
+        raise _refuse(path, st, why, what, digest)
+    return True
+
+
+def _check_home(root: Path) -> bool:
+    """Check the home, every folder above it and the store's own subfolders.
+
+    Returns whether the store (``root``) exists.
+    """
+    home = root.parent
+    if not _check_path(home, "home"):
+        return False
+    above: list[Path] = []
+    for start in (Path(os.path.abspath(home)), Path(os.path.realpath(home))):
+        above += [p for p in start.parents if p not in above]
+    for folder in above:
+        try:
+            st = os.stat(folder)
+        except OSError:
+            continue
+        why = _foreign_access(st, sticky_ok=True)
+        if why is not None:
+            raise _refuse(folder, st, why + " (without the sticky bit)" if "writable" in why
+                          else why, "parent folder")
+    if not _check_path(root, "folder"):
+        return False
+    for sub in _SUBFOLDERS:
+        _check_path(root / sub, "folder")
+    return True
+
+
+def _check_entry_files(base: Path, listed: Mapping[str, object], digest: str) -> None:
+    seen: set[Path] = set()
+    for rel in listed:
+        path = base / "files"
+        for part in Path(rel).parts:
+            path = path / part
+            if path not in seen:
+                seen.add(path)
+                _check_path(path, "entry", digest)
+
+
+def _make_private(folder: Path) -> None:
+    """Create ``folder`` and any missing parents 0700 (``mkdir -p`` would make them 0755)."""
+    missing: list[Path] = []
+    current = folder
+    while not os.path.lexists(current) and current != current.parent:
+        missing.append(current)
+        current = current.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir(mode=_DIR_MODE)
+        except FileExistsError:
+            pass  # another writer made it first: checked below like any other
+
+
 def read_unit(digest_or_token: str, root: Path | None = None) -> UnitData | None:
-    """The unit from the store, verified; ``None`` if absent or broken (callers repair)."""
-    base = (root or store_root()) / "units" / token_of(digest_or_token)
+    """The unit from the store, verified; ``None`` if absent or broken (callers repair).
+
+    Raises ``StorePermissionError`` when another user owns or can write the store or
+    the entry: its bytes could be anyone's.
+    """
+    root = root or store_root()
+    if not _check_home(root):
+        return None
+    base = root / "units" / token_of(digest_or_token)
+    entry_digest = (digest_or_token if digest_or_token.startswith("sha256:")
+                    else f"sha256:{digest_or_token}...")
+    if not _check_path(base, "entry", entry_digest):
+        return None
+    _check_path(base / "manifest.json", "entry", entry_digest)
+    _check_path(base / "files", "entry", entry_digest)
     try:
         manifest = json.loads((base / "manifest.json").read_text(encoding="utf-8"))
         listed = manifest["files"]
         if not isinstance(listed, dict):
             return None
+        _check_entry_files(base, listed, entry_digest)
         files = {path: (base / "files" / path).read_bytes() for path in listed}
         unit = UnitData(
             manifest["digest"], files, tuple(manifest["order"]),
             frozenset(manifest["packages"]), manifest["label"],
         )
+    except StorePermissionError:
+        raise
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if not unit.digest.removeprefix("sha256:").startswith(token_of(digest_or_token)):
@@ -171,9 +327,11 @@ def write_unit(unit: UnitData, root: Path | None = None) -> Path:
         return final / "files"
     staging: Path | None = None
     try:
-        for sub in ("units", "locks", "tmp"):
-            (root / sub).mkdir(parents=True, exist_ok=True)
-        with FileLock(str(root / "locks" / f"{unit.token}.lock")):
+        _make_private(root)
+        for sub in _SUBFOLDERS:
+            (root / sub).mkdir(mode=_DIR_MODE, exist_ok=True)
+        _check_home(root)
+        with FileLock(str(root / "locks" / f"{unit.token}.lock"), mode=_FILE_MODE):
             if read_unit(unit.digest, root) is not None:  # another writer finished first
                 return final / "files"
             for stale in (root / "tmp").glob(f"{unit.token}.*"):
@@ -181,12 +339,16 @@ def write_unit(unit: UnitData, root: Path | None = None) -> Path:
             staging = root / "tmp" / f"{unit.token}.{os.getpid()}.{uuid.uuid4().hex}"
             for path, data in unit.files.items():
                 target = staging / "files" / path
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with open(target, "wb") as handle:
+                _make_private(target.parent)
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                             _FILE_MODE)
+                with open(fd, "wb") as handle:
                     handle.write(data)
                     handle.flush()
                     os.fsync(handle.fileno())
-            with open(staging / "manifest.json", "w", encoding="utf-8") as handle:
+            fd = os.open(staging / "manifest.json",
+                         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, _FILE_MODE)
+            with open(fd, "w", encoding="utf-8") as handle:
                 json.dump(_manifest(unit), handle, indent=1, sort_keys=True)
                 handle.flush()
                 os.fsync(handle.fileno())
@@ -199,6 +361,8 @@ def write_unit(unit: UnitData, root: Path | None = None) -> Path:
             os.replace(staging, final)
             staging = None
             _fsync_dir(final.parent)
+    except StorePermissionError:
+        raise  # not a full disk: the fix is the one it names
     except OSError as exc:
         if staging is not None:
             _remove(staging)  # nothing half-written stays behind (disk full, read-only)
@@ -207,6 +371,7 @@ def write_unit(unit: UnitData, root: Path | None = None) -> Path:
             f"at {root}: {exc.strerror or exc}.",
             digest=unit.digest, model=unit.label, path=str(root),
             fix="free disk space or make the folder writable, or set CODEFERRY_HOME to a "
-            "writable folder (e.g. `export CODEFERRY_HOME=/tmp/codeferry`).",
+            "writable folder that only you own (e.g. `export "
+            "CODEFERRY_HOME=~/.cache/codeferry`), never a shared one.",
         ) from exc
     return final / "files"

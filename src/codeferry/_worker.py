@@ -7,8 +7,13 @@ trusted to mean the code is there, and it executes only the digest the parent ch
 (``CodeChangedError`` otherwise), so a worker started after the folder changed cannot
 run code nobody decided on. It then answers one message per request on its pipe::
 
-    parent -> worker   (request_id, kind, payload)     kind: generate|embed|score|rpc|stop
+    parent -> worker   (request_id, kind, pickled payload)   kind: generate|embed|score|rpc|stop
     worker -> parent   (request_id, "ok", result) | (request_id, "error", (blob, tb, text))
+
+The payload travels pickled on its own, inside the message: the worker unpickles it
+inside its error handling, so an input whose unpickling raises (or exits) becomes a
+typed error reply for that request (``RequestUnpicklingError``) instead of killing the
+worker, which the parent would retry until it gave up without the cause.
 
 and a first ``("ready", pid, info)`` or ``("failed", ...)``: the start-up handshake. A
 thread watches the parent (its pid, and a lifeline pipe for forkserver children, whose
@@ -29,7 +34,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-__all__ = ["WorkerSpec", "worker_main", "error_payload", "remote_error"]
+__all__ = ["WorkerSpec", "worker_main", "error_payload", "remote_error", "pack"]
 
 
 @dataclass(frozen=True)
@@ -93,9 +98,22 @@ def error_payload(exc: BaseException) -> ErrorPayload:
     return blob, text, f"{type(exc).__name__}: {exc}"
 
 
+def pack(payload: Any) -> bytes:
+    """A request's payload as the worker receives it (pickled by the sender's pickler, so
+    objects of remote-code classes carry their tickets, as on any multiprocessing pipe)."""
+    from multiprocessing.reduction import ForkingPickler
+
+    return bytes(ForkingPickler.dumps(payload))
+
+
 def remote_error(payload: ErrorPayload, worker: int) -> BaseException:
     """The parent's side of ``error_payload``: the worker's own error when it unpickles
-    (a ``WorkerError`` with its summary when not), the worker's traceback as its cause."""
+    (a ``WorkerError`` with its summary when not), the worker's traceback as its cause.
+
+    A ``SystemExit``, ``KeyboardInterrupt`` or other ``BaseException`` that is not an
+    ``Exception`` is never handed back as is: raised in the parent it would exit the
+    parent, or look like its own Ctrl-C. It becomes a ``WorkerError`` naming it.
+    """
     from .errors import RemoteTraceback, WorkerError
 
     blob, tb, text = payload
@@ -105,6 +123,10 @@ def remote_error(payload: ErrorPayload, worker: int) -> BaseException:
             exc = pickle.loads(blob)
         except Exception:  # noqa: BLE001 - fall back to the text
             exc = None
+    if exc is not None and not isinstance(exc, Exception):
+        exc = WorkerError(f"worker {worker} raised {text} (a {type(exc).__name__} in a "
+                          "worker ends that call, not the parent)", worker=worker,
+                          fix="the cause above is the worker's own traceback.")
     if exc is None:
         exc = WorkerError(f"worker {worker} raised {text}", worker=worker)
     exc.__cause__ = RemoteTraceback(tb)
@@ -225,6 +247,22 @@ class _Engine:
         return results
 
 
+def _unpack(blob: Any) -> Any:
+    from .errors import RequestUnpicklingError
+
+    if not isinstance(blob, bytes):
+        raise RequestUnpicklingError(f"a request's payload is {type(blob).__name__}, not bytes.",
+                                     fix="send requests through codeferry.Executor only.")
+    try:
+        return pickle.loads(blob)
+    except BaseException as exc:  # a SystemExit from __reduce__ included
+        raise RequestUnpicklingError(
+            f"a worker could not unpickle a request: {type(exc).__name__}: {exc}",
+            fix="an input object fails to unpickle in a fresh process; make it picklable "
+            "(or send plain data), then retry.",
+        ) from exc
+
+
 def worker_main(spec: WorkerSpec, conn: Connection, parent_pid: int,
                 lifeline: Connection | None = None,
                 inherited: Connection | None = None) -> None:
@@ -252,6 +290,7 @@ def worker_main(spec: WorkerSpec, conn: Connection, parent_pid: int,
         if kind == "stop":
             return
         try:
+            payload = _unpack(payload)
             if kind == "generate":
                 result: Any = engine.generate(payload["texts"], payload["options"])
             elif kind == "embed":

@@ -54,6 +54,9 @@ __all__ = [
     "OptionalModuleMissing",
     "OptionalPackageMissing",
     "ConfigUnavailableError",
+    "StorePermissionError",
+    "TicketPackageError",
+    "RequestUnpicklingError",
 ]
 
 
@@ -439,3 +442,42 @@ class ConfigUnavailableError(CodeferryError, ImportError):
         super().__init__(message, **kwargs)
         self.key = key
         self.config_error = config_error
+# -- the store's permissions ----------------------------------------------------------
+
+
+class StorePermissionError(CodeferryError, PermissionError):
+    """A folder or entry of the codeferry store is owned, or writable, by another user.
+
+    Whoever can write there can replace code this process would run. ``owner`` (uid) and
+    ``mode`` (permission bits) are what was found at ``path``; ``digest`` names the unit
+    when an entry of one is at fault.
+    """
+
+    def __init__(
+        self, message: str, *, owner: int | None = None, mode: int | None = None,
+        digest: str | None = None, **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.owner = owner
+        self.mode = mode
+        self.digest = digest
+
+
+class TicketPackageError(_CodeError, ImportError):
+    """A pickled unit asks to be registered under a package name that is not its own.
+
+    Only ``codeferry._dyn.u<token>`` of its own digest, or a ``transformers_modules.``
+    alias, may be: anything else (``requests``, ``codeferry._dyn``) would put the sender's
+    code in the place of a module the receiver imports. ``package`` is the name asked for.
+    """
+
+    def __init__(self, message: str, *, package: str | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.package = package
+
+
+class RequestUnpicklingError(WorkerError):
+    """A worker could not unpickle a request it was sent; the unpickling error is the cause.
+
+    Sending it again would fail the same way, so its batch fails at once, not retried.
+    """
