@@ -141,7 +141,7 @@ def test_corrupted_store_entry_is_rebuilt_when_the_bytes_are_at_hand_else_refuse
     assert read_unit(token) is None  # detected
     # refused where only the digest is at hand (a process that reads the store)
     with pytest.raises(errors.CodeUnavailableError):
-        _pickling._arrive_ref(package + "x", token)
+        _pickling._arrive_ref("transformers_modules.corrupted.entry", token)
     # rebuilt by a process that has the verified bytes
     from codeferry._store import write_unit
 
