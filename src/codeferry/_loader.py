@@ -17,16 +17,38 @@ unpickles ``codeferry._dyn.u<token>.modeling_x.XConfig`` needs nothing but codef
 installed: importing ``codeferry._dyn`` installs the finder.
 
 Modules are executed from the bytes held in memory, which were verified against the
-digest, never re-read from disk after the check. ``__file__`` still points at the
-store copy so code can find its assets (``Path(__file__).parent / "table.json"``).
+digest, never re-read from disk after the check. Everything else that reads "the
+file" after the check gets those same bytes too:
+
+* ``__file__`` (and ``co_filename``, ``__spec__.origin``) point into a *private copy*
+  of the unit: a folder under a fresh ``mkdtemp`` (mode 0700, so no other user can
+  reach it) written from the verified bytes in memory, read back and compared, then
+  made read-only (files 0400, folders 0500). Code that reads its assets through
+  ``Path(__file__).parent / "table.json"``, or compiles or ``exec``-s a file next to
+  it, reads the checked bytes, whatever happens to the store or the model folder.
+  One copy per process and unit, made when the unit's first module is imported,
+  removed when the process exits (and, for a process that was killed, by the next
+  process that makes one);
+* ``linecache`` holds each module's verified source from the moment it executes, in
+  an entry without an mtime, which ``linecache.checkcache`` never evicts. So
+  tracebacks, ``inspect.getsource`` and ``torch.jit.script`` (which parses the source
+  that ``inspect`` returns) see the bytes that run, never a disk copy.
+
+The store copy stays for processes that get only a digest (they verify it on read).
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
+import linecache
+import os
+import shutil
 import sys
+import tempfile
 import threading
 import types
 from collections.abc import Callable, Sequence
@@ -35,9 +57,12 @@ from pathlib import Path
 
 from ._policy import check_allowed
 from ._store import UnitData, read_unit, write_unit
-from .errors import CodeUnavailableError
+from .errors import CodeUnavailableError, StoreUnavailableError
 
-__all__ = ["Runtime", "PREFIX", "register", "runtime_for", "import_module", "on_module_executed"]
+__all__ = [
+    "Runtime", "PREFIX", "register", "runtime_for", "import_module", "on_module_executed",
+    "verified_dir",
+]
 
 PREFIX = "codeferry._dyn"
 
@@ -56,6 +81,10 @@ class Runtime:
     files_dir: Path
     extras: dict[str, object] = field(default_factory=dict)  # per-unit caches of other layers
 
+    def verified_dir(self) -> Path:
+        """This process's private, read-only copy of the unit's verified bytes (made once)."""
+        return verified_dir(self.unit)
+
     def module_name(self, name: str) -> str:
         return f"{self.package}.{name}" if name else self.package
 
@@ -71,6 +100,119 @@ class Runtime:
         if name in self.unit.packages or any(p.startswith(stem + "/") for p in self.unit.files):
             return None, True
         return None
+
+
+# -- the private copy -------------------------------------------------------------------
+
+_PRIVATE_PREFIX = "codeferry-"
+_private: dict[str, Path] = {}  # unit token -> its folder, in the process that made it
+_private_owner: tuple[int, Path] | None = None  # (pid, root) of this process's copies
+
+
+def _private_root() -> Path:
+    """This process's folder for private copies: a fresh ``mkdtemp`` (0700), one per pid.
+
+    A forked child keeps the modules its parent executed (and their ``__file__``, in
+    the parent's folder); it makes its own folder for units it imports itself.
+    """
+    global _private_owner
+    pid = os.getpid()
+    if _private_owner is None or _private_owner[0] != pid:
+        if _private_owner is not None:
+            _private.clear()  # the parent's copies: the parent removes them
+        _sweep_private()
+        root = Path(tempfile.mkdtemp(prefix=f"{_PRIVATE_PREFIX}{pid}-"))
+        _private_owner = (pid, root)
+        atexit.register(_remove_private, pid, root)
+    return _private_owner[1]
+
+
+def _remove_tree(root: Path) -> None:
+    """Remove a read-only copy: folders get their write bit back first."""
+    for folder, dirs, _ in os.walk(root):
+        for name in dirs:
+            try:
+                os.chmod(os.path.join(folder, name), 0o700)
+            except OSError:
+                pass
+    try:
+        os.chmod(root, 0o700)
+    except OSError:
+        pass
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _remove_private(pid: int, root: Path) -> None:
+    if os.getpid() == pid:  # never a forked child's exit: the folder is its parent's
+        _remove_tree(root)
+
+
+def _sweep_private() -> None:
+    """Remove copies left by processes of this user that were killed (best effort)."""
+    base = tempfile.gettempdir()
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    for entry in entries:
+        name = entry.name
+        if not name.startswith(_PRIVATE_PREFIX):
+            continue
+        pid_text = name[len(_PRIVATE_PREFIX):].split("-", 1)[0]
+        if not pid_text.isdigit() or int(pid_text) == os.getpid():
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False) or (
+                uid is not None and entry.stat(follow_symlinks=False).st_uid != uid
+            ):
+                continue
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            _remove_tree(Path(entry.path))  # its process is gone
+        except OSError:
+            continue  # alive (PermissionError: another user's), or unreadable
+
+
+def verified_dir(unit: UnitData) -> Path:
+    """The folder of this process's private, read-only copy of ``unit``'s verified bytes.
+
+    Written from the bytes in memory (which ``register`` verified), read back and
+    compared, then made read-only; refused with ``StoreUnavailableError`` when the
+    temporary folder cannot be written (set ``TMPDIR`` to one that can).
+    """
+    with _lock:
+        root = _private_root()
+        found = _private.get(unit.token)
+        if found is not None:
+            return found
+        folder = root / unit.token
+        try:
+            folder.mkdir(mode=0o700)
+            for rel, data in unit.files.items():
+                target = folder / rel
+                target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with open(fd, "wb") as handle:
+                    handle.write(data)
+            for rel, data in unit.files.items():
+                target = folder / rel
+                with open(target, "rb") as handle:
+                    if handle.read() != data:
+                        raise OSError(f"{target} does not read back as written")
+                os.chmod(target, 0o400)
+            for sub, _dirs, _files in sorted(os.walk(folder), reverse=True):
+                os.chmod(sub, 0o500)
+        except OSError as exc:
+            _remove_tree(folder)
+            raise StoreUnavailableError(
+                f"cannot write this process's private copy of the code of {unit.label} "
+                f"({unit.digest}) under {root}: {exc.strerror or exc}.",
+                digest=unit.digest, model=unit.label, path=str(root),
+                fix="free space in the temporary folder, or point TMPDIR at a writable one.",
+            ) from exc
+        _private[unit.token] = folder
+        return folder
 
 
 def default_package(unit: UnitData) -> str:
@@ -167,17 +309,42 @@ class _Loader(importlib.abc.Loader):
         if self.rel is None:
             return  # a namespace folder
         source = self.runtime.unit.files[self.rel]
-        filename = str(self.runtime.files_dir / self.rel)
+        filename = str(self.runtime.verified_dir() / self.rel)
+        _remember_source(filename, source)
         code = compile(source, filename, "exec", dont_inherit=True)
         exec(code, module.__dict__)  # noqa: S102 - running the verified bytes is the point
         for hook in on_module_executed:
             hook(module, self.runtime)
 
     def get_source(self, fullname: str) -> str | None:
-        """For tracebacks: ``linecache`` asks the loader, so lines show the verified bytes."""
+        """The verified source, for ``inspect`` and anyone who asks the loader."""
         if self.rel is None:
             return None
-        return self.runtime.unit.files[self.rel].decode("utf-8", "replace")
+        return _decode(self.runtime.unit.files[self.rel])
+
+
+def _decode(source: bytes) -> str:
+    """Source text as Python reads it (its coding cookie, universal newlines)."""
+    try:
+        return importlib.util.decode_source(source)
+    except (SyntaxError, UnicodeDecodeError, LookupError):
+        return source.decode("utf-8", "replace")
+
+
+def _remember_source(filename: str, source: bytes) -> None:
+    """Put the verified source in ``linecache`` under the module's file name.
+
+    ``linecache`` reads a file that exists from disk, and asks the loader only for one
+    that does not; an entry whose mtime is ``None`` is never checked against the disk
+    (``checkcache`` skips it), so this entry is what tracebacks, ``inspect`` and
+    ``torch.jit`` get. After a ``linecache.clearcache()`` they read the private copy,
+    which holds the same bytes.
+    """
+    text = _decode(source)
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    linecache.cache[filename] = (len(text), None, lines, filename)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -198,7 +365,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         spec = importlib.machinery.ModuleSpec(
             fullname,
             _Loader(runtime, name, rel),
-            origin=str(runtime.files_dir / rel) if rel else None,
+            origin=str(runtime.verified_dir() / rel) if rel else None,
             is_package=is_package,
         )
         if rel:

@@ -363,7 +363,7 @@ class _Resolver:
                 if candidate in unit.files and candidate not in unit.assets:
                     if candidate.endswith((".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack")):
                         continue  # weights are data, not code
-                    read_bytes(unit.source, candidate)  # fence check
+                    read_bytes(unit.source, candidate, asset=True)  # fence and size check
                     unit.assets.add(candidate)
 
     # -- classes ----------------------------------------------------------------------
@@ -460,7 +460,7 @@ def resolve(
             files.append(FileEntry(unit.repo, rel, _sha256(data), len(data), kind))
             sources[(unit.repo, rel)] = data
         for rel in unit.assets:
-            data = read_bytes(unit.source, rel)
+            data = read_bytes(unit.source, rel, asset=True)
             files.append(FileEntry(unit.repo, rel, _sha256(data), len(data), "asset"))
             sources[(unit.repo, rel)] = data
     files.sort(key=lambda f: (f.repo or "", f.path))

@@ -46,6 +46,7 @@ __all__ = [
     "InputNotFoundError",
     "InputFormatError",
     "OutputError",
+    "AssetTooLargeError",
 ]
 
 
@@ -327,3 +328,17 @@ class InputFormatError(CodeferryError, ValueError):
 
 class OutputError(CodeferryError, OSError):
     """The ``--output`` file of ``codeferry run`` cannot be opened, locked or written."""
+
+
+# -- assets ---------------------------------------------------------------------------
+
+
+class AssetTooLargeError(CodeferryError, ValueError):
+    """A data file the code names (an asset) is above the asset limit (``limit``, bytes)."""
+
+    def __init__(
+        self, message: str, *, size: int | None = None, limit: int | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.size = size
+        self.limit = limit
