@@ -123,7 +123,10 @@ def load(
             import transformers  # noqa: F401
         except ImportError:
             return classes
-        return _transformers.register_with_transformers(classes, owners)
+        registered = _transformers.register_with_transformers(classes, owners)
+        if None in runtimes:
+            _transformers.serve_verified_files(registered, bundle.source.root, runtimes[None])
+        return registered
 
 
 _pickling.install_cloudpickle_support()
