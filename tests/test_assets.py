@@ -32,7 +32,7 @@ from codeferry._source import MAX_ASSET_BYTES
 from codeferry.testing import ModelSpec, write_model
 
 sys.path.insert(0, os.path.dirname(__file__))
-import _asset_workers  # noqa: E402
+import _asset_workers
 
 ASSET_WORKERS = Path(__file__).with_name("_asset_workers.py")
 
