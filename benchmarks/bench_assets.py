@@ -32,7 +32,6 @@ import sys
 import tempfile
 import time
 from multiprocessing.connection import Connection
-from typing import Any
 
 
 def _receiver(payload: bytes, conn: Connection) -> None:
@@ -64,9 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[var] = os.path.join(tmp, sub)
     os.environ["HF_HUB_OFFLINE"] = "1"
     try:
-        import cloudpickle
         from multiprocessing.reduction import ForkingPickler
 
+        import cloudpickle
         from transformers import AutoConfig
 
         import codeferry

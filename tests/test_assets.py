@@ -170,6 +170,7 @@ def test_autotokenizer_after_load_with_lock_reads_the_checked_vocab(
 
 
 def test_private_copies_of_killed_processes_are_swept(tmp_path: Path) -> None:
+    ours = _loader._private_root()
     script = (
         "import os, signal, sys\n"
         "from codeferry import _loader\n"
@@ -186,7 +187,29 @@ def test_private_copies_of_killed_processes_are_swept(tmp_path: Path) -> None:
     assert left.is_dir()  # a killed process cannot clean up
     _loader._sweep_private()
     assert not left.exists()
-    assert _loader._private_owner is not None and _loader._private_owner[1].is_dir()  # ours stays
+    assert ours.is_dir() and ours == _loader._private_root()  # a live process's copy stays
+
+
+def test_a_forked_child_never_removes_its_parents_copy_and_the_parent_does() -> None:
+    script = (
+        "import os, sys\n"
+        "from codeferry import _loader\n"
+        "from codeferry._store import UnitData, unit_digest\n"
+        "files = {'m.py': b'X = 2\\n'}\n"
+        "unit = UnitData(unit_digest(files), files, ('m',), frozenset(), 'forked')\n"
+        "folder = _loader.verified_dir(unit)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    sys.exit(0)  # runs atexit, as a child that returns normally does\n"
+        "os.waitpid(pid, 0)\n"
+        "print(folder, (folder / 'm.py').read_bytes() == files['m.py'], flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    folder, intact = done.stdout.split()
+    assert intact == "True"  # the child's exit left the parent's copy alone
+    assert not Path(folder).parent.exists()  # and the parent's exit removed it
 
 
 # -- big assets -------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ file" after the check gets those same bytes too:
   it, reads the checked bytes, whatever happens to the store or the model folder.
   One copy per process and unit, made when the unit's first module is imported,
   removed when the process exits (and, for a process that was killed, by the next
-  process that makes one);
+  process that makes one: each process holds a ``flock`` on its folder while it lives);
 * ``linecache`` holds each module's verified source from the moment it executes, in
   an entry without an mtime, which ``linecache.checkcache`` never evicts. So
   tracebacks, ``inspect.getsource`` and ``torch.jit.script`` (which parses the source
@@ -104,7 +104,7 @@ class Runtime:
 
 # -- the private copy -------------------------------------------------------------------
 
-_PRIVATE_PREFIX = "codeferry-"
+_PRIVATE_PREFIX = "codeferry-private-"
 _private: dict[str, Path] = {}  # unit token -> its folder, in the process that made it
 _private_owner: tuple[int, Path] | None = None  # (pid, root) of this process's copies
 
@@ -122,6 +122,7 @@ def _private_root() -> Path:
             _private.clear()  # the parent's copies: the parent removes them
         _sweep_private()
         root = Path(tempfile.mkdtemp(prefix=f"{_PRIVATE_PREFIX}{pid}-"))
+        _hold_alive(root)
         _private_owner = (pid, root)
         atexit.register(_remove_private, pid, root)
     return _private_owner[1]
@@ -147,31 +148,55 @@ def _remove_private(pid: int, root: Path) -> None:
         _remove_tree(root)
 
 
+_ALIVE = ".alive"
+_alive_fds: list[int] = []  # kept open for the process's life: the lock dies with it
+
+
+def _hold_alive(root: Path) -> None:
+    """Hold an exclusive ``flock`` on ``root/.alive`` until this process (and its forks) end.
+
+    A lock, not a pid: it is released by the kernel however the process dies, and a pid
+    can be reused or belong to another PID namespace sharing this temporary folder.
+    """
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): copies of killed processes stay behind
+        return
+    fd = os.open(root / _ALIVE, os.O_CREAT | os.O_WRONLY, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    _alive_fds.append(fd)
+
+
 def _sweep_private() -> None:
-    """Remove copies left by processes of this user that were killed (best effort)."""
+    """Remove copies left by processes that were killed: those whose lock nobody holds."""
+    try:
+        import fcntl
+    except ImportError:
+        return
     base = tempfile.gettempdir()
     try:
         entries = list(os.scandir(base))
     except OSError:
         return
-    uid = os.getuid() if hasattr(os, "getuid") else None
+    uid = os.getuid()
     for entry in entries:
-        name = entry.name
-        if not name.startswith(_PRIVATE_PREFIX):
-            continue
-        pid_text = name[len(_PRIVATE_PREFIX):].split("-", 1)[0]
-        if not pid_text.isdigit() or int(pid_text) == os.getpid():
+        if not entry.name.startswith(_PRIVATE_PREFIX):
             continue
         try:
-            if not entry.is_dir(follow_symlinks=False) or (
-                uid is not None and entry.stat(follow_symlinks=False).st_uid != uid
-            ):
+            if not entry.is_dir(follow_symlinks=False) or entry.stat(
+                follow_symlinks=False
+            ).st_uid != uid:
                 continue
-            os.kill(int(pid_text), 0)
-        except ProcessLookupError:
-            _remove_tree(Path(entry.path))  # its process is gone
+            fd = os.open(os.path.join(entry.path, _ALIVE), os.O_RDONLY)
         except OSError:
-            continue  # alive (PermissionError: another user's), or unreadable
+            continue  # not ours, or being created right now (no lock file yet)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # its process (or a fork of it) is alive
+        finally:
+            os.close(fd)
+        _remove_tree(Path(entry.path))
 
 
 def verified_dir(unit: UnitData) -> Path:
