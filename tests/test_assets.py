@@ -29,7 +29,7 @@ import codeferry
 from codeferry import _loader, _pickling, errors
 from codeferry._lockfile import Lock
 from codeferry._source import MAX_ASSET_BYTES
-from codeferry.testing import ModelSpec, write_model
+from codeferry.testing import ModelSpec, write_hub_model, write_model
 
 sys.path.insert(0, os.path.dirname(__file__))
 import _asset_workers
@@ -167,6 +167,22 @@ def test_autotokenizer_after_load_with_lock_reads_the_checked_vocab(
     # a folder codeferry did not load is read as transformers always did
     other = shutil.copytree(root, tmp_path / "other")
     assert AutoTokenizer.from_pretrained(other).get_vocab() == swapped
+
+
+def test_autotokenizer_of_a_hub_repo_id_reads_the_checked_vocab(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from transformers import AutoTokenizer
+
+    cache = tmp_path / "hub"
+    snapshot = write_hub_model(cache, "acme/hubtok", ModelSpec(name="hubtok", tokenizer=True))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    checked = json.loads((snapshot / "vocab.json").read_text(encoding="utf-8"))
+    codeferry.load("acme/hubtok", trust_remote_code=True)
+    swapped = {token: len(checked) - 1 - index for token, index in checked.items()}
+    (snapshot / "vocab.json").write_text(json.dumps(swapped), encoding="utf-8")
+    tok = AutoTokenizer.from_pretrained("acme/hubtok", cache_dir=str(cache))
+    assert tok.get_vocab() == checked
 
 
 def test_private_copies_of_killed_processes_are_swept(tmp_path: Path) -> None:
