@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ._policy import check_allowed
-from ._store import UnitData, read_unit, write_unit
+from ._store import UnitData, read_unit, unit_path, write_unit
 from .errors import CodeUnavailableError, StoreUnavailableError
 
 __all__ = [
@@ -244,11 +244,13 @@ def default_package(unit: UnitData) -> str:
     return f"{PREFIX}.u{unit.token}"
 
 
-def register(unit: UnitData, package: str | None = None) -> Runtime:
+def register(unit: UnitData, package: str | None = None, *, stored: bool = False) -> Runtime:
     """Make ``unit`` importable under ``package`` (default: its content-named package).
 
-    Verifies the bytes against the digest and writes them to the store (for
-    ``__file__`` and for processes that get only the digest). Idempotent.
+    Verifies the bytes against the digest and writes them to the store (for processes
+    that get only the digest). Idempotent. ``stored=True``: the unit was just read from
+    the store by ``read_unit``, which verified it; hashing a big asset three more times
+    and reading it back again would only repeat that check.
     """
     package = package or default_package(unit)
     with _lock:
@@ -256,8 +258,11 @@ def register(unit: UnitData, package: str | None = None) -> Runtime:
         if existing is not None and existing.unit.digest == unit.digest:
             return existing
         check_allowed(unit.digest, unit.label)
-        unit.verify()
-        files_dir = write_unit(unit)
+        if stored:
+            files_dir = unit_path(unit)
+        else:
+            unit.verify()
+            files_dir = write_unit(unit)
         runtime = Runtime(unit, package, files_dir)
         _runtimes[package] = runtime
         _ensure_parents(package)
@@ -319,7 +324,7 @@ def runtime_for(fullname: str) -> tuple[Runtime, str] | None:
                 "instance of a codeferry class (it carries its code) before sending classes "
                 "by name; a store shared by all processes (CODEFERRY_HOME) also works.",
             )
-        runtime = register(unit)
+        runtime = register(unit, stored=True)
         return runtime, fullname[len(runtime.package) + 1:]
 
 
