@@ -29,6 +29,7 @@ import codeferry
 from codeferry import _loader, _pickling, errors
 from codeferry._lockfile import Lock
 from codeferry._source import MAX_ASSET_BYTES
+from codeferry._store import UnitData, unit_digest
 from codeferry.testing import ModelSpec, write_hub_model, write_model
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -226,6 +227,18 @@ def test_a_forked_child_never_removes_its_parents_copy_and_the_parent_does() -> 
     folder, intact = done.stdout.split()
     assert intact == "True"  # the child's exit left the parent's copy alone
     assert not Path(folder).parent.exists()  # and the parent's exit removed it
+
+
+def test_private_copy_of_a_unit_deeper_than_the_recursion_limit() -> None:
+    rel = "/".join(["d"] * (sys.getrecursionlimit() + 100)) + "/m.py"
+    files = {rel: b"X = 1\n"}
+    unit = UnitData(unit_digest(files), files, (), frozenset(), "deep")
+    folder = _loader.verified_dir(unit)
+    assert (folder / rel).read_bytes() == files[rel]
+    assert stat.S_IMODE((folder / rel).parent.stat().st_mode) == 0o500
+    del _loader._private[unit.token]
+    _loader._remove_tree(folder)
+    assert not folder.exists()
 
 
 # -- big assets -------------------------------------------------------------------------------

@@ -46,7 +46,6 @@ import importlib.machinery
 import importlib.util
 import linecache
 import os
-import shutil
 import sys
 import tempfile
 import threading
@@ -129,18 +128,35 @@ def _private_root() -> Path:
 
 
 def _remove_tree(root: Path) -> None:
-    """Remove a read-only copy: folders get their write bit back first."""
-    for folder, dirs, _ in os.walk(root):
-        for name in dirs:
+    """Remove a read-only copy, best effort: folders get their write bit back first.
+
+    Its own stack, not ``os.walk``/``shutil.rmtree``, which recurse in Python 3.11: a
+    unit may be deeper than the recursion limit.
+    """
+    folders: list[str] = []
+    stack = [str(root)]
+    while stack:
+        folder = stack.pop()
+        try:
+            os.chmod(folder, 0o700)
+            with os.scandir(folder) as listing:
+                entries = list(listing)
+        except OSError:
+            continue
+        folders.append(folder)
+        for entry in entries:
             try:
-                os.chmod(os.path.join(folder, name), 0o700)
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                else:
+                    os.unlink(entry.path)
             except OSError:
                 pass
-    try:
-        os.chmod(root, 0o700)
-    except OSError:
-        pass
-    shutil.rmtree(root, ignore_errors=True)
+    for folder in reversed(folders):  # children were listed after their parents
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass
 
 
 def _remove_private(pid: int, root: Path) -> None:
@@ -214,9 +230,14 @@ def verified_dir(unit: UnitData) -> Path:
         folder = root / unit.token
         try:
             folder.mkdir(mode=0o700)
+            subfolders: set[Path] = set()  # made one level at a time: mkdir(parents) recurses
+            for rel in unit.files:
+                for parent in reversed(Path(rel).parents):
+                    if parent != Path(".") and parent not in subfolders:
+                        (folder / parent).mkdir(mode=0o700)
+                        subfolders.add(parent)
             for rel, data in unit.files.items():
                 target = folder / rel
-                target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
                 fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 with open(fd, "wb") as handle:
                     handle.write(data)
@@ -226,8 +247,9 @@ def verified_dir(unit: UnitData) -> Path:
                     if handle.read() != data:
                         raise OSError(f"{target} does not read back as written")
                 os.chmod(target, 0o400)
-            for sub, _dirs, _files in sorted(os.walk(folder), reverse=True):
-                os.chmod(sub, 0o500)
+            for sub in subfolders:
+                os.chmod(folder / sub, 0o500)
+            os.chmod(folder, 0o500)
         except OSError as exc:
             _remove_tree(folder)
             raise StoreUnavailableError(

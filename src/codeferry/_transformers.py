@@ -152,8 +152,9 @@ def _model_runtime(model: Any, kwargs: Mapping[str, Any]) -> _loader.Runtime | N
     if not isinstance(model, (str, os.PathLike)):
         return None
     try:
-        root = locate(model, revision=kwargs.get("revision"), cache_dir=kwargs.get("cache_dir")).root
-    except (CodeferryError, OSError, ValueError):
+        found = locate(model, revision=kwargs.get("revision"), cache_dir=kwargs.get("cache_dir"))
+        root = found.root.resolve()  # a repo id and its snapshot's path name one folder
+    except (CodeferryError, OSError, ValueError, RuntimeError):
         return None
     with _served_lock:
         return _served.get(root)
@@ -201,7 +202,7 @@ def _serve_class(cls: type) -> None:
 def serve_verified_files(classes: Mapping[str, Any], root: Path, runtime: _loader.Runtime) -> None:
     """Make the tokenizer classes of the model at ``root`` read its assets' checked bytes."""
     with _served_lock:
-        _served[root] = runtime
+        _served[root.resolve()] = runtime
     for value in classes.values():
         for cls in value if isinstance(value, tuple) else (value,):
             if isinstance(cls, type):
