@@ -243,7 +243,7 @@ def _check_modules(runtime: Any, expected: Mapping[str, str], nonce: str | None)
         got = sha(loader.runtime.unit.files[loader.rel])
         if got != expected.get(loader.rel):
             raise AssertionError(f"{fullname} executed bytes {got}, expected {expected.get(loader.rel)}")
-        if module.__file__ != str(runtime.files_dir / loader.rel):
+        if module.__file__ != str(runtime.verified_dir() / loader.rel):
             raise AssertionError(f"{fullname}.__file__ is {module.__file__}")
         if nonce is not None and (module.NONCE != nonce or module.SOURCE_SHA != got):
             raise AssertionError(f"{fullname} recorded {module.NONCE} {module.SOURCE_SHA}")

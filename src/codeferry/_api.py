@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from pathlib import Path
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -257,7 +258,7 @@ def _load(
         _warn_once(bundle.digest, key, error)
     if failed and (strict or classes is not None or not loaded):
         _raise_failed(bundle, failed)
-    result = _as_mapping(loaded, runtimes)
+    result = _as_mapping(loaded, runtimes, bundle.source.root)
     if loaded:
         # Later from_pretrained(..., trust_remote_code=True) of this model: these classes,
         # not a second execution of the same files under transformers_modules.
@@ -324,7 +325,7 @@ def _warn_once(digest: str, key: str, error: CodeferryError) -> None:
 
 
 def _as_mapping(
-    loaded: Mapping[ClassRef, Any], runtimes: Mapping[str | None, _loader.Runtime]
+    loaded: Mapping[ClassRef, Any], runtimes: Mapping[str | None, _loader.Runtime], root: Path
 ) -> dict[str, Any]:
     classes: dict[str, Any] = {}
     owners: dict[type, _loader.Runtime] = {}
@@ -344,7 +345,10 @@ def _as_mapping(
         import transformers  # noqa: F401
     except ImportError:
         return classes
-    return _transformers.register_with_transformers(classes, owners)
+    registered = _transformers.register_with_transformers(classes, owners)
+    if None in runtimes:  # transformers reads the model's own files: the checked copies
+        _transformers.serve_verified_files(registered, root, runtimes[None])
+    return registered
 
 
 _pickling.install_cloudpickle_support()

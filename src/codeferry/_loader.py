@@ -17,16 +17,37 @@ unpickles ``codeferry._dyn.u<token>.modeling_x.XConfig`` needs nothing but codef
 installed: importing ``codeferry._dyn`` installs the finder.
 
 Modules are executed from the bytes held in memory, which were verified against the
-digest, never re-read from disk after the check. ``__file__`` still points at the
-store copy so code can find its assets (``Path(__file__).parent / "table.json"``).
+digest, never re-read from disk after the check. Everything else that reads "the
+file" after the check gets those same bytes too:
+
+* ``__file__`` (and ``co_filename``, ``__spec__.origin``) point into a *private copy*
+  of the unit: a folder under a fresh ``mkdtemp`` (mode 0700, so no other user can
+  reach it) written from the verified bytes in memory, read back and compared, then
+  made read-only (files 0400, folders 0500). Code that reads its assets through
+  ``Path(__file__).parent / "table.json"``, or compiles or ``exec``-s a file next to
+  it, reads the checked bytes, whatever happens to the store or the model folder.
+  One copy per process and unit, made when the unit's first module is imported,
+  removed when the process exits (and, for a process that was killed, by the next
+  process that makes one: each process holds a ``flock`` on its folder while it lives);
+* ``linecache`` holds each module's verified source from the moment it executes, in
+  an entry without an mtime, which ``linecache.checkcache`` never evicts. So
+  tracebacks, ``inspect.getsource`` and ``torch.jit.script`` (which parses the source
+  that ``inspect`` returns) see the bytes that run, never a disk copy.
+
+The store copy stays for processes that get only a digest (they verify it on read).
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
+import linecache
+import os
 import sys
+import tempfile
 import threading
 import types
 from collections.abc import Callable, Sequence
@@ -34,10 +55,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ._policy import check_allowed
-from ._store import UnitData, read_unit, write_unit
-from .errors import CodeUnavailableError
+from ._store import UnitData, read_unit, unit_path, write_unit
+from .errors import CodeUnavailableError, StoreUnavailableError
 
-__all__ = ["Runtime", "PREFIX", "register", "runtime_for", "import_module", "on_module_executed"]
+__all__ = [
+    "Runtime", "PREFIX", "register", "runtime_for", "import_module", "on_module_executed",
+    "verified_dir",
+]
 
 PREFIX = "codeferry._dyn"
 
@@ -56,6 +80,10 @@ class Runtime:
     files_dir: Path
     extras: dict[str, object] = field(default_factory=dict)  # per-unit caches of other layers
 
+    def verified_dir(self) -> Path:
+        """This process's private, read-only copy of the unit's verified bytes (made once)."""
+        return verified_dir(self.unit)
+
     def module_name(self, name: str) -> str:
         return f"{self.package}.{name}" if name else self.package
 
@@ -73,15 +101,178 @@ class Runtime:
         return None
 
 
+# -- the private copy -------------------------------------------------------------------
+
+_PRIVATE_PREFIX = "codeferry-private-"
+_private: dict[str, Path] = {}  # unit token -> its folder, in the process that made it
+_private_owner: tuple[int, Path] | None = None  # (pid, root) of this process's copies
+
+
+def _private_root() -> Path:
+    """This process's folder for private copies: a fresh ``mkdtemp`` (0700), one per pid.
+
+    A forked child keeps the modules its parent executed (and their ``__file__``, in
+    the parent's folder); it makes its own folder for units it imports itself.
+    """
+    global _private_owner
+    pid = os.getpid()
+    if _private_owner is None or _private_owner[0] != pid:
+        if _private_owner is not None:
+            _private.clear()  # the parent's copies: the parent removes them
+        _sweep_private()
+        root = Path(tempfile.mkdtemp(prefix=f"{_PRIVATE_PREFIX}{pid}-"))
+        _hold_alive(root)
+        _private_owner = (pid, root)
+        atexit.register(_remove_private, pid, root)
+    return _private_owner[1]
+
+
+def _remove_tree(root: Path) -> None:
+    """Remove a read-only copy, best effort: folders get their write bit back first.
+
+    Its own stack, not ``os.walk``/``shutil.rmtree``, which recurse in Python 3.11: a
+    unit may be deeper than the recursion limit.
+    """
+    folders: list[str] = []
+    stack = [str(root)]
+    while stack:
+        folder = stack.pop()
+        try:
+            os.chmod(folder, 0o700)
+            with os.scandir(folder) as listing:
+                entries = list(listing)
+        except OSError:
+            continue
+        folders.append(folder)
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                else:
+                    os.unlink(entry.path)
+            except OSError:
+                pass
+    for folder in reversed(folders):  # children were listed after their parents
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass
+
+
+def _remove_private(pid: int, root: Path) -> None:
+    if os.getpid() == pid:  # never a forked child's exit: the folder is its parent's
+        _remove_tree(root)
+
+
+_ALIVE = ".alive"
+_alive_fds: list[int] = []  # kept open for the process's life: the lock dies with it
+
+
+def _hold_alive(root: Path) -> None:
+    """Hold an exclusive ``flock`` on ``root/.alive`` until this process (and its forks) end.
+
+    A lock, not a pid: it is released by the kernel however the process dies, and a pid
+    can be reused or belong to another PID namespace sharing this temporary folder.
+    """
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): copies of killed processes stay behind
+        return
+    fd = os.open(root / _ALIVE, os.O_CREAT | os.O_WRONLY, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    _alive_fds.append(fd)
+
+
+def _sweep_private() -> None:
+    """Remove copies left by processes that were killed: those whose lock nobody holds."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    base = tempfile.gettempdir()
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return
+    uid = os.getuid()
+    for entry in entries:
+        if not entry.name.startswith(_PRIVATE_PREFIX):
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat(
+                follow_symlinks=False
+            ).st_uid != uid:
+                continue
+            fd = os.open(os.path.join(entry.path, _ALIVE), os.O_RDONLY)
+        except OSError:
+            continue  # not ours, or being created right now (no lock file yet)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # its process (or a fork of it) is alive
+        finally:
+            os.close(fd)
+        _remove_tree(Path(entry.path))
+
+
+def verified_dir(unit: UnitData) -> Path:
+    """The folder of this process's private, read-only copy of ``unit``'s verified bytes.
+
+    Written from the bytes in memory (which ``register`` verified), read back and
+    compared, then made read-only; refused with ``StoreUnavailableError`` when the
+    temporary folder cannot be written (set ``TMPDIR`` to one that can).
+    """
+    with _lock:
+        root = _private_root()
+        found = _private.get(unit.token)
+        if found is not None:
+            return found
+        folder = root / unit.token
+        try:
+            folder.mkdir(mode=0o700)
+            subfolders: set[Path] = set()  # made one level at a time: mkdir(parents) recurses
+            for rel in unit.files:
+                for parent in reversed(Path(rel).parents):
+                    if parent != Path(".") and parent not in subfolders:
+                        (folder / parent).mkdir(mode=0o700)
+                        subfolders.add(parent)
+            for rel, data in unit.files.items():
+                target = folder / rel
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with open(fd, "wb") as handle:
+                    handle.write(data)
+            for rel, data in unit.files.items():
+                target = folder / rel
+                with open(target, "rb") as handle:
+                    if handle.read() != data:
+                        raise OSError(f"{target} does not read back as written")
+                os.chmod(target, 0o400)
+            for sub in subfolders:
+                os.chmod(folder / sub, 0o500)
+            os.chmod(folder, 0o500)
+        except OSError as exc:
+            _remove_tree(folder)
+            raise StoreUnavailableError(
+                f"cannot write this process's private copy of the code of {unit.label} "
+                f"({unit.digest}) under {root}: {exc.strerror or exc}.",
+                digest=unit.digest, model=unit.label, path=str(root),
+                fix="free space in the temporary folder, or point TMPDIR at a writable one.",
+            ) from exc
+        _private[unit.token] = folder
+        return folder
+
+
 def default_package(unit: UnitData) -> str:
     return f"{PREFIX}.u{unit.token}"
 
 
-def register(unit: UnitData, package: str | None = None) -> Runtime:
+def register(unit: UnitData, package: str | None = None, *, stored: bool = False) -> Runtime:
     """Make ``unit`` importable under ``package`` (default: its content-named package).
 
-    Verifies the bytes against the digest and writes them to the store (for
-    ``__file__`` and for processes that get only the digest). Idempotent.
+    Verifies the bytes against the digest and writes them to the store (for processes
+    that get only the digest). Idempotent. ``stored=True``: the unit was just read from
+    the store by ``read_unit``, which verified it; hashing a big asset three more times
+    and reading it back again would only repeat that check.
     """
     package = package or default_package(unit)
     with _lock:
@@ -89,8 +280,11 @@ def register(unit: UnitData, package: str | None = None) -> Runtime:
         if existing is not None and existing.unit.digest == unit.digest:
             return existing
         check_allowed(unit.digest, unit.label)
-        unit.verify()
-        files_dir = write_unit(unit)
+        if stored:
+            files_dir = unit_path(unit)
+        else:
+            unit.verify()
+            files_dir = write_unit(unit)
         runtime = Runtime(unit, package, files_dir)
         _runtimes[package] = runtime
         _ensure_parents(package)
@@ -152,7 +346,7 @@ def runtime_for(fullname: str) -> tuple[Runtime, str] | None:
                 "instance of a codeferry class (it carries its code) before sending classes "
                 "by name; a store shared by all processes (CODEFERRY_HOME) also works.",
             )
-        runtime = register(unit)
+        runtime = register(unit, stored=True)
         return runtime, fullname[len(runtime.package) + 1:]
 
 
@@ -167,17 +361,42 @@ class _Loader(importlib.abc.Loader):
         if self.rel is None:
             return  # a namespace folder
         source = self.runtime.unit.files[self.rel]
-        filename = str(self.runtime.files_dir / self.rel)
+        filename = str(self.runtime.verified_dir() / self.rel)
+        _remember_source(filename, source)
         code = compile(source, filename, "exec", dont_inherit=True)
         exec(code, module.__dict__)  # noqa: S102 - running the verified bytes is the point
         for hook in on_module_executed:
             hook(module, self.runtime)
 
     def get_source(self, fullname: str) -> str | None:
-        """For tracebacks: ``linecache`` asks the loader, so lines show the verified bytes."""
+        """The verified source, for ``inspect`` and anyone who asks the loader."""
         if self.rel is None:
             return None
-        return self.runtime.unit.files[self.rel].decode("utf-8", "replace")
+        return _decode(self.runtime.unit.files[self.rel])
+
+
+def _decode(source: bytes) -> str:
+    """Source text as Python reads it (its coding cookie, universal newlines)."""
+    try:
+        return importlib.util.decode_source(source)
+    except (SyntaxError, UnicodeDecodeError, LookupError):
+        return source.decode("utf-8", "replace")
+
+
+def _remember_source(filename: str, source: bytes) -> None:
+    """Put the verified source in ``linecache`` under the module's file name.
+
+    ``linecache`` reads a file that exists from disk, and asks the loader only for one
+    that does not; an entry whose mtime is ``None`` is never checked against the disk
+    (``checkcache`` skips it), so this entry is what tracebacks, ``inspect`` and
+    ``torch.jit`` get. After a ``linecache.clearcache()`` they read the private copy,
+    which holds the same bytes.
+    """
+    text = _decode(source)
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    linecache.cache[filename] = (len(text), None, lines, filename)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -198,7 +417,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         spec = importlib.machinery.ModuleSpec(
             fullname,
             _Loader(runtime, name, rel),
-            origin=str(runtime.files_dir / rel) if rel else None,
+            origin=str(runtime.verified_dir() / rel) if rel else None,
             is_package=is_package,
         )
         if rel:

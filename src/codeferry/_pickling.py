@@ -177,7 +177,7 @@ def _arrive_ref(package: str, token: str | None = None) -> Ticket:
             fix="use one store for all processes on a machine (same HOME/XDG_CACHE_HOME, "
             "or CODEFERRY_HOME), or send with pickle/cloudpickle, which carry the code.",
         )
-    return ticket_for(_loader.register(stored, package), embedded=False)
+    return ticket_for(_loader.register(stored, package, stored=True), embedded=False)
 
 
 def _rebuild(ticket: Ticket, func: Callable[..., Any], args: tuple[Any, ...]) -> Any:

@@ -101,6 +101,7 @@ class Unit:
     sources: dict[str, bytes] = field(default_factory=dict)
     scans: dict[str, _graph.ModuleScan] = field(default_factory=dict)
     assets: set[str] = field(default_factory=set)
+    asset_data: dict[str, bytes] = field(default_factory=dict)  # read once (up to 1 GiB each)
 
 
 @dataclass(frozen=True)
@@ -481,7 +482,8 @@ class _Resolver:
                 if candidate in unit.files and candidate not in unit.assets:
                     if candidate.endswith((".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack")):
                         continue  # weights are data, not code
-                    read_bytes(unit.source, candidate)  # fence check
+                    # fenced, size-checked, and the bytes that get hashed: read once
+                    unit.asset_data[candidate] = read_bytes(unit.source, candidate, asset=True)
                     unit.assets.add(candidate)
 
     # -- classes ----------------------------------------------------------------------
@@ -589,9 +591,11 @@ def resolve(
             files.append(FileEntry(unit.repo, rel, _sha256(data), len(data), kind))
             sources[(unit.repo, rel)] = data
         for rel in unit.assets:
-            data = read_bytes(unit.source, rel)
-            files.append(FileEntry(unit.repo, rel, _sha256(data), len(data), "asset"))
-            sources[(unit.repo, rel)] = data
+            asset = unit.asset_data.get(rel)
+            if asset is None:
+                asset = read_bytes(unit.source, rel, asset=True)
+            files.append(FileEntry(unit.repo, rel, _sha256(asset), len(asset), "asset"))
+            sources[(unit.repo, rel)] = asset
     files.sort(key=lambda f: (f.repo or "", f.path))
     canonical = "".join(f"{f.repo or ''}\0{f.path}\0{f.sha256}\n" for f in files)
     digest = "sha256:" + _sha256(canonical.encode("utf-8"))

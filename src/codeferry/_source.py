@@ -28,7 +28,13 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ModelNotFoundError, SourceTooLargeError, UnreadableFileError, UnsafePathError
+from .errors import (
+    AssetTooLargeError,
+    ModelNotFoundError,
+    SourceTooLargeError,
+    UnreadableFileError,
+    UnsafePathError,
+)
 
 __all__ = [
     "ModelSource", "hub_cache_dir", "locate", "locate_repo", "list_files", "read_bytes",
@@ -37,6 +43,9 @@ __all__ = [
 
 #: Far above any real modeling file (the largest on the hub are a few hundred KB).
 MAX_SOURCE_BYTES = 8 * 1024 * 1024
+#: Data files the code names (``tokenizer.json``, vocabularies, tables) are not source:
+#: Llama-3's tokenizer.json is 9 MB. They get their own, much larger limit.
+MAX_ASSET_BYTES = 1024 * 1024 * 1024
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _SKIP_DIRS = frozenset({"__pycache__", ".git", ".cache", ".hf", ".ipynb_checkpoints"})
@@ -188,8 +197,16 @@ def list_files(source: ModelSource) -> dict[str, Path]:
     return found
 
 
-def read_bytes(source: ModelSource, rel: str, *, limit: int = MAX_SOURCE_BYTES) -> bytes:
-    """The bytes of root-relative file ``rel``, refusing escapes and oversized files."""
+def read_bytes(
+    source: ModelSource, rel: str, *, limit: int | None = None, asset: bool = False
+) -> bytes:
+    """The bytes of root-relative file ``rel``, refusing escapes and oversized files.
+
+    ``asset=True`` reads a data file the code names: the limit is ``MAX_ASSET_BYTES``
+    and an oversized one is an ``AssetTooLargeError``. The size is checked before reading.
+    """
+    if limit is None:
+        limit = MAX_ASSET_BYTES if asset else MAX_SOURCE_BYTES
     if rel.startswith("/") or ".." in rel.split("/"):
         raise UnsafePathError(
             f"{rel!r} points outside the model folder.",
@@ -224,6 +241,14 @@ def read_bytes(source: ModelSource, rel: str, *, limit: int = MAX_SOURCE_BYTES) 
             fix="replace it with the real file (download the model again).",
         )
     size = info.st_size
+    if size > limit and asset:
+        raise AssetTooLargeError(
+            f"{rel} is {size / 2**20:.1f} MiB, above the limit of {limit / 2**20:.0f} MiB for "
+            "a data file the model code names.",
+            path=str(full), size=size, limit=limit,
+            fix="check that this is the right file; if the code really reads it, ship it "
+            "outside the model folder (it is then not part of the verified code).",
+        )
     if size > limit:
         raise SourceTooLargeError(
             f"{rel} is {size / 2**20:.1f} MiB; no model source file is that large "

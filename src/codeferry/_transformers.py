@@ -11,18 +11,32 @@ here: a causal LM whose class predates the ``GenerationMixin`` split gets the mi
 added (``add_generation_mixin_to_remote_model``), so ``generate()`` works. The class
 with the mixin replaces the original in its module, so that name, pickling by
 reference and the Auto registries all agree on one class.
+
+And the files transformers reads for these classes are the checked ones: a tokenizer
+class's ``from_pretrained`` of a loaded model (its folder, or its repo id at the
+loaded commit) opens the listed assets it names in ``vocab_files_names``
+(``vocab.json``, ``tokenizer.json``...) from this process's private verified copy
+(``_loader.verified_dir``), not from the model folder. transformers gives an explicit
+keyword (``vocab_file=...``) precedence over the file it resolves, so this is a
+keyword, not a patch of transformers. A ``vocab.json`` swapped in the folder after
+``load(lock=...)`` then has no effect.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import threading
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from . import _loader, _pickling
+from ._source import locate
+from .errors import CodeferryError
 
-__all__ = ["register_with_transformers", "with_generation_mixin"]
+__all__ = ["register_with_transformers", "serve_verified_files", "with_generation_mixin"]
 
 logger = logging.getLogger("codeferry")
 
@@ -173,3 +187,71 @@ def register_with_transformers(
         except (ValueError, TypeError) as exc:
             logger.info("codeferry: transformers refused to register %s for %s: %s", value, key, exc)
     return out
+
+
+# -- the files transformers reads --------------------------------------------------------
+
+_served_lock = threading.Lock()
+_served: dict[Path, _loader.Runtime] = {}  # model root -> the runtime of its own code
+
+
+def _model_runtime(model: Any, kwargs: Mapping[str, Any]) -> _loader.Runtime | None:
+    """The loaded unit whose model folder ``model`` (a path or a repo id) names, if any."""
+    if not isinstance(model, (str, os.PathLike)):
+        return None
+    try:
+        found = locate(model, revision=kwargs.get("revision"), cache_dir=kwargs.get("cache_dir"))
+        root = found.root.resolve()  # a repo id and its snapshot's path name one folder
+    except (CodeferryError, OSError, ValueError, RuntimeError):
+        return None
+    with _served_lock:
+        return _served.get(root)
+
+
+def verified_file_kwargs(cls: type, model: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` plus ``<arg>=<verified copy>`` for each listed asset ``cls`` would open."""
+    names = getattr(cls, "vocab_files_names", None)
+    if not isinstance(names, Mapping) or not names:
+        return kwargs
+    runtime = _model_runtime(model, kwargs)
+    if runtime is None:
+        return kwargs
+    sub = str(kwargs.get("subfolder") or "").strip("/")
+    out = dict(kwargs)
+    for arg, name in names.items():
+        rel = f"{sub}/{name}" if sub else str(name)
+        if out.get(arg) is None and rel in runtime.unit.files and not rel.endswith(".py"):
+            out[arg] = str(runtime.verified_dir() / rel)
+    return out
+
+
+def _serve_class(cls: type) -> None:
+    """Wrap ``cls.from_pretrained`` (once) to pass the verified copies of its files."""
+    if "__codeferry_serves__" in cls.__dict__ or not isinstance(
+        getattr(cls, "vocab_files_names", None), Mapping
+    ):
+        return
+    original = cls.__dict__.get("from_pretrained")
+    inherited = getattr(cls, "from_pretrained", None)
+    func = getattr(original if original is not None else inherited, "__func__", None)
+    if func is None:
+        return
+
+    def from_pretrained(klass: type, pretrained_model_name_or_path: Any, *args: Any,
+                        **kwargs: Any) -> Any:
+        kwargs = verified_file_kwargs(klass, pretrained_model_name_or_path, kwargs)
+        return func(klass, pretrained_model_name_or_path, *args, **kwargs)
+
+    from_pretrained.__doc__ = getattr(func, "__doc__", None)
+    type.__setattr__(cls, "from_pretrained", classmethod(from_pretrained))
+    type.__setattr__(cls, "__codeferry_serves__", True)
+
+
+def serve_verified_files(classes: Mapping[str, Any], root: Path, runtime: _loader.Runtime) -> None:
+    """Make the tokenizer classes of the model at ``root`` read its assets' checked bytes."""
+    with _served_lock:
+        _served[root.resolve()] = runtime
+    for value in classes.values():
+        for cls in value if isinstance(value, tuple) else (value,):
+            if isinstance(cls, type):
+                _serve_class(cls)

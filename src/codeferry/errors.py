@@ -57,6 +57,7 @@ __all__ = [
     "StorePermissionError",
     "TicketPackageError",
     "RequestUnpicklingError",
+    "AssetTooLargeError",
 ]
 
 
@@ -481,3 +482,15 @@ class RequestUnpicklingError(WorkerError):
 
     Sending it again would fail the same way, so its batch fails at once, not retried.
     """
+# -- assets ---------------------------------------------------------------------------
+
+
+class AssetTooLargeError(CodeferryError, ValueError):
+    """A data file the code names (an asset) is above the asset limit (``limit``, bytes)."""
+
+    def __init__(
+        self, message: str, *, size: int | None = None, limit: int | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.size = size
+        self.limit = limit

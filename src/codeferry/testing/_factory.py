@@ -57,6 +57,7 @@ NUM_LAYERS = 2
 INITIALIZER_RANGE = 0.02
 MAX_POSITIONS = 256
 ASSET_FILE = "position_table.json"
+BIG_ASSET_FILE = "tokenizer.json"
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<s>", "</s>")
 # Char-level alphabet, most useful characters first so that small vocabularies still cover text.
 _ALPHABET = string.ascii_lowercase + " " + string.digits + ".,!?'\"-:;()\n" + string.ascii_uppercase
@@ -86,6 +87,9 @@ class ModelSpec:
         cross_repo: a repo id such as ``"org/shared-heads"``; ``auto_map`` then references
             ``AutoModelForSequenceClassification`` code that lives in that other repository.
         asset: a data file next to the modules, read at import time via ``Path(__file__).parent``.
+        big_asset: size in bytes of a ``tokenizer.json`` (0: none) that the configuration module
+            names and reads lazily through ``__file__`` (``read_big_asset()``), like the 9 MB
+            ``tokenizer.json`` of Llama-3. Deterministic JSON, written at call time, never stored.
         marker: absolute path of a file the configuration and modeling modules append a line to
             when imported: proves whether a command executed the model code.
         generic_names: modules are named ``configuration.py``, ``modeling.py``, ``utils.py``... so
@@ -104,6 +108,7 @@ class ModelSpec:
     nested_subconfig: bool = False
     cross_repo: str | None = None
     asset: bool = False
+    big_asset: int = 0
     marker: str | None = None
     generic_names: bool = False
     hidden_size: int = 32
@@ -123,6 +128,8 @@ class ModelSpec:
         top = MAX_TOKENIZER_VOCAB if self.has_tokenizer else 1024
         if not 8 <= self.vocab_size <= top:
             raise ValueError(f"vocab_size must be within 8..{top}, got {self.vocab_size}")
+        if not 0 <= self.big_asset <= 2**31:
+            raise ValueError(f"big_asset must be within 0..2**31 bytes, got {self.big_asset}")
         if self.marker is not None and not os.path.isabs(self.marker):
             raise ValueError(f"marker must be an absolute path, got {self.marker!r}")
         if self.cross_repo is not None and (not self.cross_repo or "--" in self.cross_repo):
@@ -233,6 +240,8 @@ def _configuration_source(spec: ModelSpec, layout: _Layout) -> str:
         defaults = {key: f'DEFAULTS["{key}"]' for key in defaults}
     if spec.nested_subconfig:
         imports.append(_render(T.LLM_CONFIG_IMPORT, module=layout.llm_configuration, **names))
+    if spec.big_asset:
+        imports.append(_render(T.BIG_ASSET_BLOCK, big_asset=BIG_ASSET_FILE))
     return _render(
         T.CONFIGURATION,
         marker_imports=T.MARKER_IMPORTS if spec.marker else "",
@@ -463,7 +472,35 @@ def _model_files(spec: ModelSpec, package: str | None = None) -> dict[str, bytes
     if spec.asset:
         table = [round(1.0 - position / 1000, 4) for position in range(64)]
         files[ASSET_FILE] = _json_bytes({"scale": table})
+    if spec.big_asset:
+        files[BIG_ASSET_FILE] = _big_asset(spec.big_asset, spec.seed)
     return dict(sorted(files.items()))
+
+
+def _big_asset(size: int, seed: int) -> bytes:
+    """``size`` bytes of tokenizer.json-like JSON (a vocabulary of pseudo-random merges).
+
+    It compresses about as well as a real one (3-4x), so message sizes measured with it
+    are honest. Deterministic: ``random.Random`` with an int seed is stable across versions.
+    """
+    import random
+
+    rng = random.Random(seed)
+    head = b'{"version": "1.0", "model": {"type": "BPE", "vocab": {\n'
+    tail = b'"<end>": 0}}}\n'
+    parts = [head]
+    total = len(head) + len(tail)
+    index = 1
+    while True:
+        entry = f'"\\u0120{rng.getrandbits(48):012x}": {index},\n'.encode("ascii")
+        if total + len(entry) > size:
+            break
+        parts.append(entry)
+        total += len(entry)
+        index += 1
+    parts.append(b" " * (size - total))  # pad to the exact size (JSON allows whitespace)
+    parts.append(tail)
+    return b"".join(parts)
 
 
 def _cross_repo_files(spec: ModelSpec) -> dict[str, bytes]:

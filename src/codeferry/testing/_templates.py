@@ -48,6 +48,15 @@ class ${Name}Config(PretrainedConfig):
 
 CONFIG_DEFAULTS_IMPORT = "from .$module import DEFAULTS"
 
+BIG_ASSET_BLOCK = '''from pathlib import Path
+
+BIG_ASSET = "$big_asset"
+
+
+def read_big_asset():
+    """The big data file next to this module, read when called, through ``__file__``."""
+    return (Path(__file__).parent / BIG_ASSET).read_bytes()'''
+
 LLM_CONFIG_IMPORT = "from .$module import ${Name}LLMConfig"
 
 LLM_PARAM = "\n        llm_config=None,"
