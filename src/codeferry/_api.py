@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from pathlib import Path
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from . import _loader, _pickling, _policy, _transformers
