@@ -258,7 +258,7 @@ def _load(
         _warn_once(bundle.digest, key, error)
     if failed and (strict or classes is not None or not loaded):
         _raise_failed(bundle, failed)
-    result = _as_mapping(loaded, runtimes, bundle.source.root)
+    result = _as_mapping(loaded, runtimes, bundle.source.root, bundle.digest)
     if loaded:
         # Later from_pretrained(..., trust_remote_code=True) of this model: these classes,
         # not a second execution of the same files under transformers_modules.
@@ -325,7 +325,8 @@ def _warn_once(digest: str, key: str, error: CodeferryError) -> None:
 
 
 def _as_mapping(
-    loaded: Mapping[ClassRef, Any], runtimes: Mapping[str | None, _loader.Runtime], root: Path
+    loaded: Mapping[ClassRef, Any], runtimes: Mapping[str | None, _loader.Runtime], root: Path,
+    digest: str,
 ) -> dict[str, Any]:
     classes: dict[str, Any] = {}
     owners: dict[type, _loader.Runtime] = {}
@@ -346,6 +347,14 @@ def _as_mapping(
     except ImportError:
         return classes
     registered = _transformers.register_with_transformers(classes, owners)
+    config = registered.get("AutoConfig")
+    model_type: Any = getattr(config, "model_type", None)
+    if isinstance(config, type) and isinstance(model_type, str) and model_type:
+        # transformers holds one class per model_type: never hand it to another model's files
+        from . import _model_types
+
+        _model_types.install_config_guard()
+        _model_types.record(model_type, str(root), digest, config)
     if None in runtimes:  # transformers reads the model's own files: the checked copies
         _transformers.serve_verified_files(registered, root, runtimes[None])
     return registered

@@ -54,6 +54,7 @@ __all__ = [
     "OptionalModuleMissing",
     "OptionalPackageMissing",
     "ConfigUnavailableError",
+    "ModelTypeConflictError",
     "StorePermissionError",
     "TicketPackageError",
     "RequestUnpicklingError",
@@ -494,3 +495,15 @@ class AssetTooLargeError(CodeferryError, ValueError):
         super().__init__(message, **kwargs)
         self.size = size
         self.limit = limit
+
+
+class ModelTypeConflictError(CodeferryError, ValueError):
+    """Another model's class holds this ``model_type`` in transformers' registry.
+
+    transformers keeps one config class per ``model_type``; answering this model with the
+    other model's class would run the wrong code. ``model_type`` names the contested type.
+    """
+
+    def __init__(self, message: str, *, model_type: str = "", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.model_type = model_type
