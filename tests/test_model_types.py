@@ -40,9 +40,10 @@ def flavor(obj: Any) -> str:
 
 def check_twins(a: str, b: str) -> dict[str, Any]:
     """Runs here and in a spawned worker: load A, then ask transformers for both."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     import codeferry
     from codeferry import errors
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     out: dict[str, Any] = {}
     classes = codeferry.load(a, trust_remote_code=True)

@@ -88,12 +88,12 @@ class LoadResult(dict[str, Any]):
         self.failed = dict(failed)
 
 
-def _first_line_in(exc: BaseException, files_dir: str) -> int | None:
+def _first_line_in(exc: BaseException, folders: tuple[str, ...]) -> int | None:
     """The line of the innermost traceback frame inside the unit's files: where it broke."""
     line = None
     tb = exc.__traceback__
     while tb is not None:
-        if tb.tb_frame.f_code.co_filename.startswith(files_dir):
+        if tb.tb_frame.f_code.co_filename.startswith(folders):
             line = tb.tb_lineno
         tb = tb.tb_next
     return line
@@ -115,7 +115,7 @@ def _execution_error(
         f"executing {where} of {runtime.unit.label} raised {type(exc).__name__}: {exc}",
         digest=runtime.unit.digest, model=runtime.unit.label,
         path=str(bundle.source.root / where) if repo is None else where,
-        line=_first_line_in(exc, str(runtime.files_dir)), fix=fix,
+        line=_first_line_in(exc, (str(runtime.verified_dir()), str(runtime.files_dir))), fix=fix,
     )
     err.__cause__ = exc
     return err
