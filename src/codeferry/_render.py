@@ -43,6 +43,7 @@ def render_report(bundle: Bundle) -> str:
     for source, keys in by_source.items():
         out.append(f"  {source}")
         width = max(len(k) for k in keys)
+        rows = []
         for key, refs in keys.items():
             if (source, key) in pairs:
                 refs = refs + [None] * (2 - len(refs))
@@ -50,8 +51,10 @@ def render_report(bundle: Bundle) -> str:
             else:
                 shown = str(refs[0])
             reasons = blocked.get((source, key))
-            state = "blocked: " + "; ".join(reasons) if reasons else "ok"
-            out.append(f"    {key:<{width}}  {shown}  {state}")
+            rows.append((key, shown, "blocked: " + "; ".join(reasons) if reasons else "ok"))
+        shown_width = max(len(shown) for _, shown, _ in rows)
+        for key, shown, state in rows:
+            out.append(f"    {key:<{width}}  {shown:<{shown_width}}  {state}")
 
     total = sum(f.size for f in bundle.files)
     out.append(f"files ({len(bundle.files)}, {_size(total)})")
