@@ -73,10 +73,11 @@ def _unusable_devices() -> list[str]:
 @pytest.mark.parametrize("device", _unusable_devices())
 def test_an_unusable_device_is_refused_before_any_worker_starts(device: str) -> None:
     started = time.monotonic()
+    before = set(mp.active_children())  # a warm executor's zygote may outlive its test
     with pytest.raises(DeviceError) as info:
         codeferry.Executor(DEMO, workers=1, start_method="spawn", device=device)
     assert time.monotonic() - started < 5  # no worker was started and waited for
-    assert not mp.active_children()
+    assert set(mp.active_children()) <= before
     err = info.value
     assert err.device == device and repr(device) in str(err) and "cpu" in (err.fix or "")
     again = pickle.loads(pickle.dumps(err))

@@ -182,3 +182,20 @@ def test_install_makes_plain_transformers_objects_travel(
             _workers.describe_all(shipped))
     finally:
         codeferry.uninstall()
+
+
+def test_install_adopts_model_modules_only(tmp_path: Path) -> None:
+    """transformers' own holder packages (``transformers_modules.<model>``) are not units."""
+    from codeferry import _loader
+
+    name = f"t{next(_count)}"
+    path = write_model(tmp_path / name, ModelSpec(name=name))
+    AutoConfig.from_pretrained(path, trust_remote_code=True)  # plain transformers
+    codeferry.install()
+    try:
+        assert _loader.registered("transformers_modules") is None
+        assert _loader.registered(f"transformers_modules.{name}") is None
+        adopted = [p for p in list(_loader._runtimes) if p.startswith(f"transformers_modules.{name}.")]
+        assert len(adopted) == 1
+    finally:
+        codeferry.uninstall()

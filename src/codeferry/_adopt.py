@@ -70,7 +70,11 @@ def adopt_module(module: Any) -> None:
     file = getattr(module, "__file__", None)
     if not name.startswith(_PREFIX) or not file or "." not in name:
         return
+    if os.path.basename(file) == "__init__.py":
+        return  # a package transformers made to hold model folders, not a model's module
     package = name.rsplit(".", 1)[0]
+    if package.count(".") < 1:
+        return  # directly under transformers_modules: no model folder of its own
     folder = Path(file).parent
     files = _unit_files(folder)
     packages = frozenset(
