@@ -203,3 +203,18 @@ def test_after_load_the_flag_by_habit_does_not_execute_the_code_again(tmp_path: 
     assert type(config) is classes["AutoConfig"]
     assert not any(n.startswith("transformers_modules.") and "habit" in n
                    for n in __import__("sys").modules)
+
+
+def test_processors_and_image_processors_through_transformers(
+    factory_models: dict[str, Path], tmp_path: Path, installed: None
+) -> None:
+    from transformers import AutoImageProcessor, AutoProcessor
+
+    path = write_model(tmp_path / "p", ModelSpec(name="procinst", processor=True))
+    proc = AutoProcessor.from_pretrained(path, trust_remote_code=True)
+    image = AutoImageProcessor.from_pretrained(path, trust_remote_code=True)
+    assert type(proc).__module__.startswith("codeferry._dyn.u")
+    assert type(image).__module__.startswith("codeferry._dyn.u")
+    assert type(proc.image_processor) is type(image)
+    out = proc(text=["hi", "abc"], images=[[1.0, 2.0], [3.0, 4.0]])
+    assert {"input_ids", "pixel_values"} <= set(out.keys())
