@@ -93,11 +93,9 @@ def test_resolve_load_inspect_lock_and_verify(form: str, forms: dict[str, str], 
     assert f"digest   {bundle.digest}" in out and "error" not in err
 
 
-# The local folder's executor is ``expected``'s. Executor workers under forkserver are left
-# out: their parent watch takes the forkserver for their parent and exits them at once, for
-# any model (being fixed separately); doctor covers forkserver workers of a snapshot below.
+# The local folder's executor is ``expected``'s.
 @pytest.mark.parametrize("form, method", [("repo", "spawn"), ("snapshot", "spawn"),
-                                          ("repo", "fork")])
+                                          ("repo", "fork"), ("snapshot", "forkserver")])
 def test_executor_every_form_and_start_method(form: str, method: str, forms: dict[str, str],
                                               expected: list[str]) -> None:
     with codeferry.Executor(forms[form], workers=1, start_method=method,
@@ -113,7 +111,7 @@ def test_executor_every_form_and_start_method(form: str, method: str, forms: dic
 
 
 @pytest.mark.parametrize("form, method", [("repo", "spawn"), ("snapshot", "spawn"),
-                                          ("local", "fork")])
+                                          ("local", "fork"), ("repo", "forkserver")])
 def test_codeferry_run_every_form(form: str, method: str, forms: dict[str, str],
                                   expected: list[str], tmp_path: Path,
                                   capsys: pytest.CaptureFixture[str]) -> None:

@@ -47,11 +47,12 @@ def live_workers() -> list[Any]:
     return [p for p in mp.active_children() if p.name.startswith("codeferry-worker")]
 
 
-@pytest.mark.parametrize("method", ["spawn", "fork"])
+@pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
 def test_a_replacement_worker_refuses_code_changed_since_the_check(
     method: str, tmp_path: Path
 ) -> None:
     path = pinned_model(tmp_path)
+    earlier = set(live_workers())  # another test's workers may still be on their way out
     with codeferry.Executor(path, workers=1, start_method=method, trust_remote_code=True) as ex:
         checked = ex.digest
         assert checked == codeferry.resolve(path).digest
@@ -71,7 +72,7 @@ def test_a_replacement_worker_refuses_code_changed_since_the_check(
             ex.generate(["abc"], max_new_tokens=2)
         assert time.monotonic() - started < 1.0
         time.sleep(1.5)  # a few rounds of the monitor
-        assert live_workers() == []
+        assert set(live_workers()) <= earlier
 
 
 def test_workers_started_after_the_check_refuse_changed_code(
