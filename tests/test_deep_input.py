@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,19 @@ def test_a_thousand_star_imports_find_the_class(tmp_path: Path) -> None:
     assert [type(p).__name__ for p in problems] == ["MissingClassError"]
 
 
+def _unnest(root: Path, depth: int) -> None:
+    """Remove what ``_nest`` made, deepest first, without recursion: pytest's own clean-up
+    of old temporary folders (``shutil.rmtree``) recurses and would fail on it later."""
+    for level in range(depth, 0, -1):
+        folder = os.path.join(str(root), *(["d"] * level))
+        for entry in os.scandir(folder):
+            if not entry.is_dir(follow_symlinks=False):
+                os.unlink(entry.path)
+            elif entry.name != "d":
+                shutil.rmtree(entry.path)  # __pycache__ and the like: shallow
+        os.rmdir(folder)
+
+
 def _nest(root: Path, depth: int) -> str:
     """``depth`` folders ``d/d/...``; returns the deepest (built by hand: ``mkdir -p`` and
     ``Path.mkdir(parents=True)`` recurse too)."""
@@ -70,13 +84,16 @@ def test_twelve_hundred_nested_folders_resolve(
     model = tmp_path / "model"
     _config(model)
     deepest = _nest(model, FOLDERS)
-    with open(os.path.join(deepest, "leaf.py"), "w", encoding="utf-8") as handle:
-        handle.write("VALUE = 1\n")
-    head = "from ." + ".".join(["d"] * FOLDERS) + ".leaf import VALUE\n" if imported else ""
-    (model / "configuration_x.py").write_text(head + "\n\nclass XConfig:\n    pass\n")
-    bundle = resolve(model, requirements=False)
-    assert bundle.problems == ()
-    assert sorted(f.path for f in bundle.files) == sorted(
-        ["configuration_x.py"] + (["d/" * FOLDERS + "leaf.py"] if imported else []))
-    assert main(["inspect", str(model)]) == 0
-    assert "RecursionError" not in capsys.readouterr().err
+    try:
+        with open(os.path.join(deepest, "leaf.py"), "w", encoding="utf-8") as handle:
+            handle.write("VALUE = 1\n")
+        head = "from ." + ".".join(["d"] * FOLDERS) + ".leaf import VALUE\n" if imported else ""
+        (model / "configuration_x.py").write_text(head + "\n\nclass XConfig:\n    pass\n")
+        bundle = resolve(model, requirements=False)
+        assert bundle.problems == ()
+        assert sorted(f.path for f in bundle.files) == sorted(
+            ["configuration_x.py"] + (["d/" * FOLDERS + "leaf.py"] if imported else []))
+        assert main(["inspect", str(model)]) == 0
+        assert "RecursionError" not in capsys.readouterr().err
+    finally:
+        _unnest(model, FOLDERS)
