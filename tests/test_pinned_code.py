@@ -71,7 +71,12 @@ def test_a_replacement_worker_refuses_code_changed_since_the_check(
         with pytest.raises(CodeChangedError):
             ex.generate(["abc"], max_new_tokens=2)
         assert time.monotonic() - started < 1.0
-        time.sleep(1.5)  # a few rounds of the monitor
+        time.sleep(1.5)  # a few rounds of the monitor: none may start a new worker
+        seen = {p.pid for p in live_workers()} - {p.pid for p in earlier}
+        deadline = time.monotonic() + 30  # the refused one exits by itself (slowly, under load)
+        while not set(live_workers()) <= earlier and time.monotonic() < deadline:
+            assert {p.pid for p in live_workers()} - {p.pid for p in earlier} <= seen
+            time.sleep(0.2)
         assert set(live_workers()) <= earlier
 
 

@@ -118,3 +118,20 @@ def test_a_cross_repo_class_keeps_its_reference(
     assert auto_map["AutoModelForSequenceClassification"].startswith("org/shared-heads--")
     assert not (tmp_path / "out" / "modeling_heads.py").exists()
     assert os.path.exists(tmp_path / "out" / "configuration_crossy.py")
+
+
+def test_a_processor_saves_its_code_too(tmp_path: Path) -> None:
+    from transformers import AutoProcessor
+
+    path = write_model(tmp_path / "m", ModelSpec(name="savedproc", processor=True))
+    codeferry.load(path, trust_remote_code=True)
+    out = tmp_path / "saved"
+    AutoProcessor.from_pretrained(path).save_pretrained(out)
+    original = codeferry.resolve(path)
+    for rel in _code_files(original):
+        assert (out / rel).read_bytes() == (path / rel).read_bytes(), rel
+    saved_maps = {}
+    for name in ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json"):
+        if (out / name).exists():
+            saved_maps.update(json.loads((out / name).read_text()).get("auto_map", {}))
+    assert "AutoProcessor" in saved_maps
