@@ -61,6 +61,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
+from tqdm import tqdm
+
 from ._checks import check_device
 from ._executor import Executor, Outcome, needed_classes
 from ._lockfile import Lock, read_lock
@@ -483,10 +485,28 @@ def _clock(seconds: float) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
-class Progress:
-    """A one-line progress bar (count, bar, percent, rate, ETA) redrawn in place on a terminal.
+class _Bar(tqdm):  # type: ignore[type-arg]
+    """tqdm without its monitor thread: no thread of ours runs while workers are forked."""
 
-    Disabled, every method does nothing.
+    monitor_interval = 0
+
+
+def _width(stream: TextIO) -> int:
+    """The width the terminal behind ``stream`` reports (0: none, or not a terminal)."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        return 0
+
+
+class Progress:
+    """The run's progress bar: tqdm's (count, bar, percent, rate, ETA), redrawn in place.
+
+    Only on a terminal (``enabled``); disabled, every method does nothing. While the
+    workers start, the bar at 0 says so; ``start`` resets its clock, so rate and ETA
+    count inference only. Lines for the same terminal go through ``printing`` (results
+    on stdout) or ``note`` (messages on the bar's stream): the bar is cleared, the line
+    written whole, the bar drawn again below it, so neither tears the other.
     """
 
     def __init__(self, total: int, stream: TextIO, *, enabled: bool, interval: float = 0.1) -> None:
@@ -494,60 +514,63 @@ class Progress:
         self.stream = stream
         self.enabled = enabled
         self.interval = interval
-        self.done = 0
         self.started = time.monotonic()
-        self.drawn_at = 0.0
-        self.shown = False
+        self._bar: _Bar | None = None
+
+    def _open(self, desc: str = "") -> _Bar:
+        if self._bar is None:
+            # Follow the terminal's width as it is resized; a terminal that reports none
+            # (a bare pseudo-terminal) gets $COLUMNS/$LINES or 80x20, where tqdm would draw
+            # nothing at all.
+            size = None if _width(self.stream) > 0 else shutil.get_terminal_size((80, 20))
+            self._bar = _Bar(total=self.total, file=self.stream, desc=desc, unit="input", leave=False,
+                             dynamic_ncols=size is None, mininterval=self.interval,
+                             ncols=size and size.columns, nrows=size and size.lines)
+        return self._bar
 
     def message(self, text: str) -> None:
+        """Show ``text`` in front of the bar (what the run is waiting for)."""
         if self.enabled:
-            self._put(text)
+            self._open(text).set_description_str(text)
 
     def start(self) -> None:
         self.started = time.monotonic()
-        self.draw(force=True)
+        if self.enabled:
+            bar = self._open()
+            bar.set_description_str("", refresh=False)
+            bar.reset()
 
     def advance(self, count: int = 1) -> None:
-        self.done += count
-        self.draw(force=self.done >= self.total)
+        if self._bar is not None:
+            self._bar.update(count)
 
-    def render(self, width: int) -> str:
-        elapsed = max(time.monotonic() - self.started, 1e-9)
-        rate = self.done / elapsed
-        left = self.total - self.done
-        eta = _clock(left / rate) if rate > 0 else "?"
-        fraction = self.done / self.total if self.total else 1.0
-        head = f"{self.done}/{self.total} "
-        tail = f" {fraction * 100:3.0f}% {rate:.1f}/s ETA {eta}"
-        size = max(10, min(40, width - len(head) - len(tail) - 3))
-        filled = int(fraction * size)
-        return f"{head}|{'#' * filled}{'.' * (size - filled)}|{tail}"
-
-    def draw(self, *, force: bool = False) -> None:
-        if not self.enabled:
+    @contextlib.contextmanager
+    def printing(self) -> Iterator[None]:
+        """Write other output to the bar's terminal inside this block, without tearing it."""
+        bar = self._bar
+        if bar is None:
+            yield
             return
-        now = time.monotonic()
-        if not force and now - self.drawn_at < self.interval:
-            return
-        self.drawn_at = now
-        self._put(self.render(shutil.get_terminal_size((80, 20)).columns))
+        bar.clear()
+        try:
+            yield
+        finally:
+            bar.refresh()
 
-    def _put(self, text: str) -> None:
-        self.stream.write("\r\x1b[K" + text)
-        self.stream.flush()
-        self.shown = True
-
-    def clear(self) -> None:
-        """Take the bar off the screen (before other output on the same terminal)."""
-        if self.enabled and self.shown:
-            self.stream.write("\r\x1b[K")
-            self.stream.flush()
-            self.shown = False
+    def note(self, text: str) -> None:
+        """A line of its own on the bar's stream, above the bar."""
+        if self.enabled:
+            with self.printing():
+                self.stream.write(text + "\n")
+                self.stream.flush()
 
     def finish(self, summary: str | None = None) -> None:
+        """Take the bar off the screen; then ``summary`` on a line of its own."""
         if not self.enabled:
             return
-        self.clear()
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
         if summary:
             self.stream.write(summary + "\n")
             self.stream.flush()
@@ -657,7 +680,7 @@ def run(
         size = batch_size or max(1, min(8, math.ceil(len(remaining) / max(1, workers))))
         count = max(1, min(workers, math.ceil(len(remaining) / size)))
         if result.skipped:
-            bar.finish(f"resuming: {result.skipped} of {result.total} already in {path}")
+            bar.note(f"resuming: {result.skipped} of {result.total} already in {path}")
         bar.message(f"starting {count} worker{'s' if count > 1 else ''} ({start_method})...")
         try:
             if path is not None and record is not None:
@@ -679,8 +702,10 @@ def run(
             _drain(_outcomes(executor, task, [i.text for i in remaining], size, max_new_tokens,
                              pooling), remaining, task, sink, bar, result, size)
         sink.close()
-    except KeyboardInterrupt:
-        bar.finish()
+    except BaseException as exc:
+        bar.finish()  # off the screen before the error (or the interruption) is printed
+        if not isinstance(exc, KeyboardInterrupt):
+            raise
         if path is not None and not sink.stream:
             err.write(f"codeferry: interrupted after writing {result.skipped + result.written} "
                       f"of {result.total} outputs to {path}; run the same command again to "
@@ -714,15 +739,12 @@ def _drain(outcomes: Iterator[Outcome], remaining: list[InputItem], task: Task, 
         bar.advance()
         if following not in waiting:
             continue
-        on_stdout = sink.fd is None
-        if on_stdout:
-            bar.clear()  # stdout may be the same terminal: lines first, then the bar again
-        while following in waiting:
-            line, failed = waiting.pop(following)
-            sink.write(line)
-            result.written += 1
-            result.failed += failed
-            following += 1
+        # stdout may be the bar's terminal: the lines go above the bar, which is drawn again
+        with bar.printing() if sink.fd is None else contextlib.nullcontext():
+            while following in waiting:
+                line, failed = waiting.pop(following)
+                sink.write(line)
+                result.written += 1
+                result.failed += failed
+                following += 1
         sink.sync(size)
-        if on_stdout:
-            bar.draw(force=True)
