@@ -28,7 +28,9 @@ Resuming: a run whose output file already holds lines skips the ids written ther
 (results and errors alike) and appends the others in input order, so the file always holds
 each id at most once, in input order. A last line without its ``\\n`` (or not valid JSON) is
 cut away first. An output holding an id the input lacks, an id twice, or the results of
-another task is refused. An exclusive ``flock`` keeps two runs off one output file.
+another task is refused. An exclusive lock (filelock, on ``<output>.codeferry.lock``, left
+in place) keeps two runs off one output file; a run that cannot take it at once raises
+``OutputLockError`` before anything is read or written.
 
 What produced an output is recorded next to it, in ``<output>.codeferry.json`` (written
 atomically before the first line; the JSONL lines themselves stay as above)::
@@ -61,6 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
+from filelock import FileLock, Timeout
 from tqdm import tqdm
 
 from ._checks import check_device
@@ -72,6 +75,7 @@ from .errors import (
     InputFormatError,
     InputNotFoundError,
     OutputError,
+    OutputLockError,
     ResumeMismatchError,
 )
 
@@ -264,6 +268,7 @@ class _Sink:
         self.unsynced = 0
         self.synced_at = time.monotonic()
         self.stream = False  # a pipe or device: no resume, no lock, no fsync
+        self.lock: FileLock | None = None  # held from open to close (regular files only)
 
     def open(self, items: Sequence[InputItem], task: Task) -> _Existing:
         """Open and lock the file, read what it holds, cut a torn last line away.
@@ -299,7 +304,7 @@ class _Sink:
         # keep the output open, nor its lock held, after this process is gone.
         multiprocessing.util.register_after_fork(self, _Sink._forget)
         try:
-            _lock_exclusive(self.fd, path)
+            self.lock = _lock_output(path)
             chunks = []
             while chunk := os.read(self.fd, 1 << 20):
                 chunks.append(chunk)
@@ -320,6 +325,9 @@ class _Sink:
             except OSError:
                 pass
             self.fd = None
+        if self.lock is not None:
+            _drop_inherited(self.lock)
+            self.lock = None
 
     def write(self, line: bytes) -> None:
         if self.fd is None:
@@ -357,7 +365,10 @@ class _Sink:
             elif self.unsynced:
                 os.fsync(fd)
         finally:
-            os.close(fd)  # releases the flock
+            os.close(fd)
+            if self.lock is not None:
+                lock, self.lock = self.lock, None
+                lock.release()
 
 
 def _is_stream(target: Path | int) -> bool:
@@ -369,18 +380,55 @@ def _is_stream(target: Path | int) -> bool:
     return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
 
-def _lock_exclusive(fd: int, path: Path) -> None:
+def lock_path(output: Path) -> Path:
+    """The lock file that keeps two runs off ``output``: next to it, left in place after the
+    run (removing it would let a run waiting on the old file and a new one both in)."""
+    return output.with_name(output.name + ".codeferry.lock")
+
+
+def _lock_output(path: Path) -> FileLock:
+    """Take the output's lock now or raise ``OutputLockError`` (never wait for another run)."""
+    where = lock_path(path)
+    try:  # filelock retries an unopenable file until its timeout: say why here instead
+        os.close(os.open(where, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644))
+    except OSError as exc:
+        raise OutputLockError(
+            f"cannot lock output {path}: its lock file {where} cannot be created: "
+            f"{exc.strerror or exc}.", path=str(path), lock_path=str(where),
+            fix=f"make {where.parent} writable (or remove what stands at {where}), or choose "
+            "another --output.") from None
+    lock = FileLock(str(where), timeout=0, thread_local=False, mode=0o644)
     try:
-        import fcntl
-    except ImportError:  # not POSIX: no protection against a second run
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise OutputError(
-            f"output {path} is being written by another codeferry run.", path=str(path),
+        lock.acquire()
+    except Timeout:
+        raise OutputLockError(
+            f"output {path} is being written by another codeferry run (it holds {where}).",
+            path=str(path), lock_path=str(where), held=True,
             fix="wait for that run to finish (a rerun then resumes), or choose another --output.",
         ) from None
+    except (OSError, NotImplementedError) as exc:
+        raise OutputLockError(
+            f"cannot lock output {path} with {where}: {exc}.", path=str(path),
+            lock_path=str(where),
+            fix="write the output to a local filesystem that supports file locks.") from None
+    return lock
+
+
+def _drop_inherited(lock: FileLock) -> None:
+    """In a forked child: close the child's copy of the lock's descriptor, never unlock it.
+
+    Unlocking would free the parent's lock too (they share one open file); a copy left
+    open would hold the lock after the parent is gone. filelock 4 detaches a forked
+    child's locks itself; this covers the releases before it.
+    """
+    context = getattr(lock, "_context", None)
+    fd = getattr(context, "lock_file_fd", None)
+    if isinstance(fd, int):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        context.lock_file_fd = None  # type: ignore[union-attr]
+        if hasattr(context, "lock_counter"):
+            context.lock_counter = 0  # type: ignore[union-attr]
 
 
 # -- what produced the output ----------------------------------------------------------
@@ -485,7 +533,7 @@ def _clock(seconds: float) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
-class _Bar(tqdm):  # type: ignore[type-arg]
+class _Bar(tqdm):  # type: ignore[misc, type-arg, unused-ignore]  # Any without stubs, generic with
     """tqdm without its monitor thread: no thread of ours runs while workers are forked."""
 
     monitor_interval = 0

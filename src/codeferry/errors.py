@@ -58,6 +58,7 @@ __all__ = [
     "TicketPackageError",
     "RequestUnpicklingError",
     "AssetTooLargeError",
+    "OutputLockError",
 ]
 
 
@@ -494,3 +495,20 @@ class AssetTooLargeError(CodeferryError, ValueError):
         super().__init__(message, **kwargs)
         self.size = size
         self.limit = limit
+# -- the output lock of codeferry run -------------------------------------------------
+
+
+class OutputLockError(OutputError):
+    """``codeferry run`` cannot lock its ``--output`` file, so it writes nothing to it.
+
+    ``held`` is ``True`` when another run holds the lock (wait for it, or choose another
+    output), ``False`` when the lock file ``lock_path`` cannot be created or locked at all
+    (a read-only folder, a filesystem without locks).
+    """
+
+    def __init__(
+        self, message: str, *, lock_path: str | None = None, held: bool = False, **kwargs: Any
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.lock_path = lock_path
+        self.held = held
