@@ -122,9 +122,12 @@ def test_demo_digest_is_pinned() -> None:
 
 
 def test_no_arguments_runs_the_demo_on_its_prompts() -> None:
-    """The README's first command: demo model, bundled prompts, 2 spawn workers, JSONL out."""
+    """The README's first command: demo model, bundled prompts, 2 spawn workers, JSONL out.
+
+    Through ``python -m codeferry``: spawn workers import that main module again, which
+    must not run the command a second time."""
     env = {**os.environ, "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "codeferry.cli", "run"], check=False,
+    proc = subprocess.run([sys.executable, "-m", "codeferry", "run"], check=False,
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(line) for line in proc.stdout.splitlines()]

@@ -56,7 +56,7 @@ __all__ = ["Executor", "Outcome"]
 
 StartMethod = Literal["spawn", "forkserver", "fork"]
 
-logger = logging.getLogger("codeferry")
+logger = logging.getLogger(__name__)
 
 #: Batches sent ahead to each worker (the one it runs, and the next).
 QUEUE_DEPTH = 2

@@ -50,6 +50,7 @@ import sys
 import tempfile
 import threading
 import types
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -177,6 +178,11 @@ def _hold_alive(root: Path) -> None:
     try:
         import fcntl
     except ImportError:  # no flock (Windows): copies of killed processes stay behind
+        warnings.warn(
+            f"codeferry: no fcntl.flock on this platform: the private copy {root} of this "
+            "process's code cannot be marked alive, so copies left by killed processes are "
+            f"not removed ({tempfile.gettempdir()}/{_PRIVATE_PREFIX}*; delete them when no "
+            "codeferry process runs).", RuntimeWarning, stacklevel=2)
         return
     fd = os.open(root / _ALIVE, os.O_CREAT | os.O_WRONLY, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -3,7 +3,8 @@
 Exit codes: 0 success, 1 the model has blocking problems (or a command found them),
 2 usage errors (bad arguments, a model that is not there, a device this machine lacks).
 Errors print one line (``codeferry: error: ...``), after the last frames of the worker's
-traceback when a worker failed; ``--debug`` adds the whole traceback. Nothing is written
+traceback when a worker failed; ``--debug`` (or ``CODEFERRY_DEBUG=1``, or huggingface_hub's
+``HF_DEBUG=1``) adds the whole traceback. Nothing is written
 when a command fails: outputs go to a temporary file that is renamed into place at the end.
 Every command's MODEL is optional: without it, the command works on the bundled demo.
 """
@@ -100,6 +101,16 @@ def _remote_tail(exc: BaseException, frames: int = 3) -> str | None:
     first = "codeferry: the worker's traceback"
     first += f" (last {frames} of {len(starts)} frames):" if len(starts) > frames else ":"
     return "\n".join([first, *shown]) + "\n"
+
+
+#: Environment variables that turn ``--debug`` on (``HF_DEBUG``: huggingface_hub's own).
+DEBUG_VARIABLES = ("CODEFERRY_DEBUG", "HF_DEBUG")
+
+
+def debug_from_env() -> bool:
+    """Whether a debug variable is set to a true value (``1``, ``true``, ``yes``, ``on``)."""
+    return any(os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+               for name in DEBUG_VARIABLES)
 
 
 def _demo() -> str:
@@ -256,7 +267,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Load Hugging Face remote code correctly in every process and on every node.",
     )
     parser.add_argument("--version", action="version", version=f"codeferry {__version__}")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--debug", action="store_true",
+                        help="show tracebacks (also CODEFERRY_DEBUG=1 or HF_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     inspect = sub.add_parser(
@@ -365,7 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``codeferry`` console script."""
     parser = _parser()
     args = parser.parse_args(argv)
-    debug: bool = args.debug
+    debug: bool = args.debug or debug_from_env()
     func: Callable[[argparse.Namespace], int] = args.func
     for stream in (sys.stdout, sys.stderr):
         # Names from the model (JSON keys, file names) may hold lone surrogates, which a
