@@ -197,6 +197,9 @@ def _load(
     cache_dir: str | os.PathLike[str] | None = None,
     expected: str | None = None,
 ) -> LoadResult:
+    # What importing codeferry leaves alone, the first load installs (idempotent).
+    _loader.install_finder()
+    _pickling.install_cloudpickle_support()
     bundle = resolve(model, revision=revision, cache_dir=cache_dir, requirements=False)
     if expected is not None and bundle.digest != expected:
         raise code_changed(bundle, expected)
@@ -349,6 +352,3 @@ def _as_mapping(
     if None in runtimes:  # transformers reads the model's own files: the checked copies
         _transformers.serve_verified_files(registered, root, runtimes[None])
     return registered
-
-
-_pickling.install_cloudpickle_support()
