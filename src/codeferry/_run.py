@@ -66,7 +66,7 @@ from typing import Any, Literal, TextIO
 from filelock import FileLock, Timeout
 from tqdm import tqdm
 
-from ._checks import check_device
+from ._checks import check_device, dtype_name
 from ._executor import Executor, Outcome, needed_classes
 from ._lockfile import Lock, read_lock
 from ._resolve import Bundle, resolve
@@ -677,9 +677,10 @@ def run(
     batch_size: int | None = None,
     max_new_tokens: int | None = None,
     device: str = "cpu",
-    dtype: str | None = None,
+    dtype: str | Any | None = None,
     pooling: str | None = None,
     revision: str | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
     progress: bool | None = None,
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
@@ -691,7 +692,8 @@ def run(
     ``batch_size`` defaults to 8, smaller when there are fewer than 8 inputs per worker;
     no more workers start than there are batches. ``progress`` (default: whether ``stderr``
     is a terminal) draws a progress bar on ``stderr``. ``force_resume`` appends to an output
-    that another model, code digest or option set produced (refused otherwise).
+    that another model, code digest or option set produced (refused otherwise). ``dtype``
+    is a ``torch.dtype`` or its name; ``cache_dir`` the hub cache that holds ``model``.
     """
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
@@ -701,7 +703,8 @@ def run(
     err = sys.stderr if stderr is None else stderr
     show = err.isatty() if progress is None else progress
     items = read_inputs(input_path, task)
-    bundle = resolve(model, revision=revision)
+    dtype = dtype_name(dtype)  # recorded as its name: torch.float16 and "float16" agree
+    bundle = resolve(model, revision=revision, cache_dir=cache_dir)
     bundle.check_classes(needed_classes((task,)))
     trust, locked = _trusted(bundle, trust_remote_code, lock)
     check_device(device)  # before the output is opened (the executor checks again)
@@ -738,6 +741,7 @@ def run(
                 str(bundle.source.root), workers=count, start_method=start_method,
                 device=device, dtype=dtype, trust_remote_code=trust, lock=locked,
                 revision=revision, batch_size=size, preload=(task,), digest=bundle.digest,
+                cache_dir=cache_dir,
             )
         except BaseException:
             sink.close(discard=True)

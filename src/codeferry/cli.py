@@ -118,7 +118,7 @@ def _demo() -> str:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    bundle = resolve(args.model or _demo(), revision=args.revision)
+    bundle = resolve(args.model or _demo(), revision=args.revision, cache_dir=args.cache_dir)
     if args.graph:
         _write_graph(Path(args.graph), render_dot(bundle))
     if args.json:
@@ -131,7 +131,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_lock(args: argparse.Namespace) -> int:
     from ._lockfile import Lock
 
-    bundle = resolve(args.model or _demo(), revision=args.revision)
+    bundle = resolve(args.model or _demo(), revision=args.revision, cache_dir=args.cache_dir)
     bundle.check_classes()  # refused only when no class can load
     for ref in bundle.classes:
         for problem in bundle.problems_for(ref)[:1]:
@@ -150,7 +150,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
     lock = read_lock(args.lock)
     model = args.model or _demo()
-    bundle = resolve(model, revision=args.revision)
+    bundle = resolve(model, revision=args.revision, cache_dir=args.cache_dir)
     diff = lock.diff(bundle)
     if bundle.digest == lock.digest:
         print(f"ok: {bundle.source.name} matches {args.lock} ({lock.digest})")
@@ -177,12 +177,13 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         from ._lockfile import Lock
         from ._run import DEMO_DIGEST
 
-        bundle = resolve(model, revision=args.revision)
+        bundle = resolve(model, revision=args.revision, cache_dir=args.cache_dir)
         if bundle.digest == DEMO_DIGEST:  # the bundled demo: trusted as exactly its code, like run
             lock = Lock.from_bundle(bundle)
     report = doctor(
         model, trust_remote_code=args.trust_remote_code, workers=args.workers,
         start_method=args.start_method, revision=args.revision, lock=lock,
+        cache_dir=args.cache_dir,
     )
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
@@ -201,7 +202,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
             f"--fail-on: unknown categor{'ies' if len(unknown) > 1 else 'y'} "
             f"{', '.join(map(repr, unknown))}; valid: {', '.join(CATEGORIES)}"
         )
-    report = audit(args.model or _demo(), revision=args.revision)
+    report = audit(args.model or _demo(), revision=args.revision, cache_dir=args.cache_dir)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:
@@ -240,7 +241,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             trust_remote_code=args.trust_remote_code, lock=args.lock, workers=workers,
             start_method=args.start_method, batch_size=args.batch_size,
             max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
-            pooling=args.pooling, revision=args.revision, force_resume=args.force_resume,
+            pooling=args.pooling, revision=args.revision, cache_dir=args.cache_dir,
+            force_resume=args.force_resume,
         )
     except BrokenPipeError:  # `codeferry run | head`: the reader left; stop quietly
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -257,6 +259,9 @@ _MODEL_HELP = ("a model folder, or a repo id in the local Hugging Face cache "
 def _common_options(command: argparse.ArgumentParser) -> None:
     """Options every subcommand takes. ``--debug`` is also accepted before the command."""
     command.add_argument("--revision", help="branch, tag or commit of a cached repo (default: main)")
+    command.add_argument("--cache-dir", metavar="DIR",
+                         help="the Hugging Face hub cache that holds MODEL (default: $HF_HUB_CACHE, "
+                         "else $HF_HOME/hub, else $XDG_CACHE_HOME or ~/.cache, /huggingface/hub)")
     command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                          help="show tracebacks")
 

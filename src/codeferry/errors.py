@@ -59,6 +59,7 @@ __all__ = [
     "RequestUnpicklingError",
     "AssetTooLargeError",
     "OutputLockError",
+    "DTypeError",
 ]
 
 
@@ -512,3 +513,14 @@ class OutputLockError(OutputError):
         super().__init__(message, **kwargs)
         self.lock_path = lock_path
         self.held = held
+
+
+class DTypeError(CodeferryError, ValueError):
+    """A ``dtype`` that is neither a ``torch.dtype`` nor the name of one; ``dtype`` is its repr.
+
+    Raised in the parent before any worker starts.
+    """
+
+    def __init__(self, message: str, *, dtype: str | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.dtype = dtype
