@@ -83,6 +83,16 @@ def test_an_output_another_run_writes_is_refused(
     assert held.read_bytes() == b""
 
 
+def test_a_link_to_an_output_another_run_writes_is_refused(held: Path) -> None:
+    """One file under two names is one output: the lock follows links."""
+    link = held.with_name("link.jsonl")
+    link.symlink_to(held.name)
+    with pytest.raises(OutputLockError) as info:
+        run(DEMO, PROMPTS, link, workers=1, start_method="fork")
+    assert info.value.held and info.value.lock_path == str(lock_path(held))
+    assert not lock_path(link).exists()
+
+
 def test_an_output_whose_lock_file_cannot_be_made_is_refused(tmp_path: Path) -> None:
     output = tmp_path / "out.jsonl"
     lock_path(output).mkdir()  # a folder where the lock file goes: nothing can lock it

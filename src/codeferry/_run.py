@@ -387,8 +387,12 @@ def lock_path(output: Path) -> Path:
 
 
 def _lock_output(path: Path) -> FileLock:
-    """Take the output's lock now or raise ``OutputLockError`` (never wait for another run)."""
-    where = lock_path(path)
+    """Take the output's lock now or raise ``OutputLockError`` (never wait for another run).
+
+    The lock file sits next to the file itself, links resolved: ``-o out.jsonl`` and
+    ``-o link-to-out.jsonl`` are one output, with one lock.
+    """
+    where = lock_path(Path(os.path.realpath(path)))
     try:  # filelock retries an unopenable file until its timeout: say why here instead
         os.close(os.open(where, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644))
     except OSError as exc:
