@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -121,9 +122,12 @@ def test_demo_digest_is_pinned() -> None:
 
 
 def test_no_arguments_runs_the_demo_on_its_prompts() -> None:
-    """The README's first command: demo model, bundled prompts, 2 spawn workers, JSONL out."""
+    """The README's first command: demo model, bundled prompts, 2 spawn workers, JSONL out.
+
+    Through ``python -m codeferry``: spawn workers import that main module again, which
+    must not run the command a second time."""
     env = {**os.environ, "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "codeferry.cli", "run"], check=False,
+    proc = subprocess.run([sys.executable, "-m", "codeferry", "run"], check=False,
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
@@ -329,19 +333,41 @@ def test_output_of_another_input_is_refused(
     assert output.read_bytes() == before
 
 
+def _screen(stream: str) -> list[str]:
+    """The lines a terminal shows after ``stream``: ``\\r`` returns, text overwrites."""
+    lines, line, col = [], [], 0
+    for char in stream:
+        if char == "\n":
+            lines.append("".join(line).rstrip())
+            line, col = [], 0
+        elif char == "\r":
+            col = 0
+        else:
+            assert char >= " " or char == "\t", f"unexpected control character {char!r}"
+            line[col:col + 1] = [char]
+            col += 1
+    return [*lines, "".join(line).rstrip()]
+
+
 def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
-    """stderr on a real pseudo-terminal shows rate and ETA; in a pipe it stays quiet."""
+    """tqdm's bar on a real pseudo-terminal: rate and ETA while it runs; the results printed
+    to the same terminal are whole lines above it, never torn by it. In a pipe: quiet."""
+    import fcntl
     import pty
     import select
+    import struct
+    import termios
 
-    def args(output: Path) -> list[str]:
+    def args(*extra: str) -> list[str]:
         return [sys.executable, "-m", "codeferry.cli", "run", str(DEMO), "--input",
-                str(DEMO / "prompts.txt"), "--output", str(output), "--workers", "1",
-                "--start-method", "fork"]
+                str(DEMO / "prompts.txt"), "--workers", "1", "--start-method", "fork",
+                "--batch-size", "2", *extra]
 
     master, slave = pty.openpty()
-    proc = subprocess.Popen(args(tmp_path / "out.jsonl"), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=slave, close_fds=True)
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 100 columns
+    # stdout and stderr on one terminal: the JSON lines and the bar share the screen
+    proc = subprocess.Popen(args(), stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
+                            close_fds=True)
     os.close(slave)
     seen = b""
     while True:
@@ -358,6 +384,17 @@ def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
     os.close(master)
     assert proc.wait(120) == 0
     text = seen.decode("utf-8", "replace")
-    assert "ETA" in text and "/s" in text and "100%" in text
-    piped = subprocess.run(args(tmp_path / "again.jsonl"), capture_output=True, timeout=300)
+    # tqdm's bar: count, percent, elapsed<ETA and rate, redrawn in place, 100% at the end
+    frames = re.findall(r"(\d+)%\|[^|]*\| (\d)/8 \[\d\d:\d\d<(\d\d:\d\d|\?), +([\d.?]+)input/s\]", text)
+    assert any(done not in ("0", "8") and eta != "?" for _, done, eta, _ in frames), text
+    assert ("100", "8") in {(pct, done) for pct, done, _, _ in frames}
+    assert "starting 1 worker (fork)..." in text
+    screen = [line for line in _screen(text) if line]
+    # what the terminal shows at the end: the results, whole and in order, then the
+    # summary; the bar took itself off the screen
+    rows = [json.loads(line) for line in screen[:-1]]
+    assert [row["id"] for row in rows] == list(range(1, 9))
+    assert re.fullmatch(r"8 written, 0 failed, in \d+:\d\d", screen[-1])
+    piped = subprocess.run(args("--output", str(tmp_path / "again.jsonl")), capture_output=True,
+                           timeout=300)
     assert piped.returncode == 0 and piped.stderr == b""

@@ -12,8 +12,10 @@ from ._api import LoadResult, load
 from ._executor import Executor, Outcome
 from ._lockfile import Lock, read_lock
 from ._resolve import Bundle, resolve
+from ._version import package_version
 
-__version__ = "0.1.0"
+#: From the package metadata (``pyproject.toml``'s ``version``, the one place it is written).
+__version__ = package_version()
 
 __all__ = [
     "Bundle",

@@ -203,6 +203,8 @@ def install() -> None:
     (before, or for models codeferry cannot locate) are adopted so they travel too.
     """
     global _installed
+    _loader.install_finder()  # what importing codeferry leaves alone, install() installs
+    _pickling.install_cloudpickle_support()
     with _lock:
         _hook()
         _installed = True

@@ -135,6 +135,9 @@ def load(
     classes: Sequence[str] | None = None,
     strict: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
+    token: str | bool | None = None,
+    local_files_only: bool | None = None,
+    code_revision: str | None = None,
 ) -> LoadResult:
     """Load the ``auto_map`` classes of ``model``, each with just the code it imports.
 
@@ -155,13 +158,21 @@ def load(
     can load at all, the error is raised.
 
     ``cache_dir`` is the Hugging Face hub cache to find ``model`` (a repo id) and the repos
-    of cross-repo references in, as transformers' ``cache_dir``.
+    of cross-repo references in, as transformers' ``cache_dir``. The rest of
+    ``from_pretrained``'s vocabulary is accepted so that the same keywords can be passed
+    to both: ``code_revision`` is the revision whose code is loaded (default:
+    ``revision``), as in transformers; ``token`` and ``local_files_only`` change nothing
+    today, because codeferry reads only what is on this machine (``local_files_only`` is
+    always true in effect; a repo that is not cached raises ``ModelNotFoundError``).
 
     Code runs only with ``trust_remote_code=True`` or a ``lock`` (a ``Lock`` or the path
     of a lock file) that lists exactly this code; once a lock was used in a process, that
     process runs (and accepts from other processes) only code some lock of it lists.
     """
-    return _load(model, trust_remote_code=trust_remote_code, revision=revision, lock=lock,
+    if token is not None and not isinstance(token, (str, bool)):
+        raise TypeError(f"token must be a string, a bool or None, not {type(token).__name__}")
+    return _load(model, trust_remote_code=trust_remote_code,
+                 revision=code_revision if code_revision is not None else revision, lock=lock,
                  classes=classes, strict=strict, cache_dir=cache_dir)
 
 
@@ -197,6 +208,9 @@ def _load(
     cache_dir: str | os.PathLike[str] | None = None,
     expected: str | None = None,
 ) -> LoadResult:
+    # What importing codeferry leaves alone, the first load installs (idempotent).
+    _loader.install_finder()
+    _pickling.install_cloudpickle_support()
     bundle = resolve(model, revision=revision, cache_dir=cache_dir, requirements=False)
     if expected is not None and bundle.digest != expected:
         raise code_changed(bundle, expected)
@@ -358,6 +372,3 @@ def _as_mapping(
     if None in runtimes:  # transformers reads the model's own files: the checked copies
         _transformers.serve_verified_files(registered, root, runtimes[None])
     return registered
-
-
-_pickling.install_cloudpickle_support()

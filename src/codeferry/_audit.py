@@ -903,13 +903,14 @@ def audit_bundle(bundle: Bundle) -> AuditReport:
     return AuditReport(bundle.source.name, bundle.digest, tuple(findings), tuple(skipped))
 
 
-def audit(model: str | os.PathLike[str], *, revision: str | None = None) -> AuditReport:
+def audit(model: str | os.PathLike[str], *, revision: str | None = None,
+          cache_dir: str | os.PathLike[str] | None = None) -> AuditReport:
     """What the remote code of ``model`` can do beyond computing. Executes nothing.
 
     ``model`` is a folder or a repo id in the local hub cache, as for ``resolve``; its
     errors (``codeferry.errors``) propagate.
     """
-    return audit_bundle(resolve(model, revision=revision))
+    return audit_bundle(resolve(model, revision=revision, cache_dir=cache_dir))
 
 
 def render_audit(report: AuditReport) -> str:

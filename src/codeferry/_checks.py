@@ -22,9 +22,9 @@ import os
 import sys
 from types import FrameType
 
-from .errors import DeviceError, MainGuardError
+from .errors import DeviceError, DTypeError, MainGuardError
 
-__all__ = ["check_device", "check_main_guard"]
+__all__ = ["check_device", "check_main_guard", "dtype_name"]
 
 _KINDS = "cpu, cuda, cuda:N, mps or xpu"
 
@@ -66,6 +66,29 @@ def check_device(device: str) -> None:
             f"device {device!r} does not exist: this machine has {count} {kind} "
             f"device{'s' if count > 1 else ''} ({names}).", device=device,
             fix=f"use one of {names}, or {kind!r} to spread the workers over all of them.")
+
+
+def dtype_name(dtype: object) -> str | None:
+    """``dtype`` as workers and run records carry it: ``"float16"`` for ``torch.float16``,
+    ``"float16"`` or ``"torch.float16"``, as ``from_pretrained(dtype=...)`` takes both.
+
+    A name torch does not know as a dtype raises ``DTypeError`` here, not in every worker.
+    """
+    if dtype is None:
+        return None
+    kind = type(dtype)
+    if kind.__module__ == "torch" and kind.__name__ == "dtype":  # without importing torch
+        return str(dtype).removeprefix("torch.")
+    if isinstance(dtype, str) and dtype.strip():
+        name = dtype.strip().removeprefix("torch.")
+        import torch
+
+        if isinstance(getattr(torch, name, None), torch.dtype):
+            return name
+    raise DTypeError(
+        f"dtype {dtype!r} is neither a torch.dtype nor the name of one.", dtype=repr(dtype),
+        fix="pass a torch.dtype (torch.float16) or its name (\"float16\", \"bfloat16\", "
+        "\"float32\"), or None for the model's own dtype.")
 
 
 def _why_not(kind: str) -> str:

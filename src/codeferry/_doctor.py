@@ -77,7 +77,8 @@ class DoctorReport:
 
 
 def _worker(index: int, model: str, revision: str | None, lock: Lock | None,
-            config_bytes: bytes, conn: Connection, digest: str) -> None:
+            config_bytes: bytes, conn: Connection, digest: str,
+            cache_dir: str | None = None) -> None:
     """Runs in the worker. Always answers on ``conn``, with a result or the error.
 
     It loads only ``digest``, the code the parent checked (``CodeChangedError`` if the
@@ -86,9 +87,10 @@ def _worker(index: int, model: str, revision: str | None, lock: Lock | None,
     start = time.perf_counter()
     try:
         if lock is not None:  # bind this worker to the lock before anything arrives
-            load_pinned(model, digest, lock=lock, revision=revision)
+            load_pinned(model, digest, lock=lock, revision=revision, cache_dir=cache_dir)
         config = pickle.loads(config_bytes)
         classes = load_pinned(model, digest, trust_remote_code=lock is None, revision=revision,
+                              cache_dir=cache_dir,
                               lock=lock, strict=True)
         config_cls = classes.get("AutoConfig")
         checks: dict[str, Any] = {
@@ -122,16 +124,17 @@ def doctor(
     revision: str | None = None,
     lock: Lock | str | None = None,
     timeout: float = 300.0,
+    cache_dir: str | None = None,
 ) -> DoctorReport:
     """Load ``model`` here, send its config to ``workers`` fresh processes, report each."""
     from transformers import AutoConfig
 
     check_main_guard(start_method)  # a worker would die bootstrapping, with exit code 1
-    bundle = resolve(model, revision=revision)
+    bundle = resolve(model, revision=revision, cache_dir=cache_dir)
     locked = read_lock(lock) if isinstance(lock, str) else lock
     # strict: the doctor's verdict covers every class, so one that cannot load fails it.
     load_pinned(model, bundle.digest, trust_remote_code=trust_remote_code, revision=revision,
-                lock=locked, strict=True)
+                lock=locked, strict=True, cache_dir=cache_dir)
     config = AutoConfig.from_pretrained(str(bundle.source.root))
     from multiprocessing.reduction import ForkingPickler
 
@@ -143,7 +146,7 @@ def doctor(
         proc = ctx.Process(
             target=_worker,
             args=(index, str(bundle.source.root), revision, locked, config_bytes, child_end,
-                  bundle.digest),
+                  bundle.digest, cache_dir),
             name=f"codeferry-doctor-{index}", daemon=True,
         )
         proc.start()

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, Literal
 
-from ._checks import check_device, check_main_guard
+from ._checks import check_device, check_main_guard, dtype_name
 from ._lockfile import Lock, read_lock
 from ._resolve import resolve
 from ._worker import WorkerSpec, pack, remote_error, worker_main
@@ -56,7 +56,7 @@ __all__ = ["Executor", "Outcome"]
 
 StartMethod = Literal["spawn", "forkserver", "fork"]
 
-logger = logging.getLogger("codeferry")
+logger = logging.getLogger(__name__)
 
 #: Batches sent ahead to each worker (the one it runs, and the next).
 QUEUE_DEPTH = 2
@@ -106,6 +106,9 @@ class Executor:
     with ``trust_remote_code=True`` or a ``lock``, in the parent's decision and again in
     each worker, which loads and verifies the code itself.
 
+    ``dtype`` is a ``torch.dtype`` or its name (``"float16"``), as for ``from_pretrained``;
+    ``cache_dir`` the hub cache that holds ``model`` (a repo id) and cross-repo code.
+
     ``digest`` is the code digest the caller already checked, if any: other code found
     now raises ``CodeChangedError``. Either way, ``self.digest`` is what every worker (and
     every replacement) verifies before it executes anything.
@@ -127,7 +130,7 @@ class Executor:
         workers: int = 2,
         start_method: StartMethod = "spawn",
         device: str = "cpu",
-        dtype: str | None = None,
+        dtype: str | Any | None = None,
         trust_remote_code: bool = False,
         lock: Lock | str | os.PathLike[str] | None = None,
         revision: str | None = None,
@@ -138,13 +141,16 @@ class Executor:
         warm: bool = False,
         startup_timeout: float = 600.0,
         digest: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
         # Mistakes a worker would only report as an exit code: refused here, typed.
         check_main_guard("spawn" if warm else start_method)  # the zygote is spawned
         check_device(device)
-        bundle = resolve(model, revision=revision)
+        dtype = dtype_name(dtype)  # torch.float16 or "float16": the name travels
+        cache = None if cache_dir is None else os.fspath(cache_dir)
+        bundle = resolve(model, revision=revision, cache_dir=cache)
         if digest is not None and bundle.digest != digest:
             from ._api import code_changed
 
@@ -179,7 +185,8 @@ class Executor:
         threads = threads_per_worker or max(1, (os.cpu_count() or 1) // workers)
         self._specs = [
             WorkerSpec(self.model, revision, trust_remote_code, locked,
-                       _device_for(device, slot), dtype, threads, tuple(preload), self.digest)
+                       _device_for(device, slot), dtype, threads, tuple(preload), self.digest,
+                       cache)
             for slot in range(workers)
         ]
         self._workers: list[_Worker | None] = [None] * workers

@@ -14,7 +14,9 @@ twice, transformers #38476), and a name alone tells any process on the machine w
 bytes it stands for. A finder at the front of ``sys.meta_path`` serves these names: from
 units registered in this process, else from the store by token. So a child that
 unpickles ``codeferry._dyn.u<token>.modeling_x.XConfig`` needs nothing but codeferry
-installed: importing ``codeferry._dyn`` installs the finder.
+installed: importing ``codeferry._dyn`` installs the finder. Importing codeferry itself
+does not: the finder is installed by the first unit registered (``load``, ``install()``,
+an arriving ticket) or by that import of ``codeferry._dyn``.
 
 Modules are executed from the bytes held in memory, which were verified against the
 digest, never re-read from disk after the check. Everything else that reads "the
@@ -50,6 +52,7 @@ import sys
 import tempfile
 import threading
 import types
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -177,6 +180,11 @@ def _hold_alive(root: Path) -> None:
     try:
         import fcntl
     except ImportError:  # no flock (Windows): copies of killed processes stay behind
+        warnings.warn(
+            f"codeferry: no fcntl.flock on this platform: the private copy {root} of this "
+            "process's code cannot be marked alive, so copies left by killed processes are "
+            f"not removed ({tempfile.gettempdir()}/{_PRIVATE_PREFIX}*; delete them when no "
+            "codeferry process runs).", RuntimeWarning, stacklevel=2)
         return
     fd = os.open(root / _ALIVE, os.O_CREAT | os.O_WRONLY, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -275,6 +283,7 @@ def register(unit: UnitData, package: str | None = None, *, stored: bool = False
     and reading it back again would only repeat that check.
     """
     package = package or default_package(unit)
+    install_finder()  # the first unit of the process: from now on its names must resolve
     with _lock:
         existing = _runtimes.get(package)
         if existing is not None and existing.unit.digest == unit.digest:
@@ -432,7 +441,12 @@ _FINDER = _Finder()
 
 
 def install_finder() -> None:
-    """Put the finder first on ``sys.meta_path`` (idempotent)."""
+    """Put the finder first on ``sys.meta_path`` (idempotent).
+
+    Not at import: importing codeferry changes nothing global. ``register`` (every
+    ``load``, ``install()``, arriving ticket) and importing ``codeferry._dyn`` (what
+    unpickling a class by name does first) call it.
+    """
     with _lock:
         if not any(isinstance(f, _Finder) for f in sys.meta_path):
             sys.meta_path.insert(0, _FINDER)
@@ -441,6 +455,3 @@ def install_finder() -> None:
 def import_module(runtime: Runtime, name: str) -> types.ModuleType:
     """Import module ``name`` of the unit (dotted, relative to the unit root)."""
     return importlib.import_module(runtime.module_name(name))
-
-
-install_finder()

@@ -271,6 +271,7 @@ def _class_reduce(cls: type, *, embedded: bool) -> Any:
 
 def mark_class(cls: type, runtime: _loader.Runtime) -> None:
     """Make instances of ``cls`` (and ``cls`` itself, under cloudpickle) carry their code."""
+    install_cloudpickle_support()
     type.__setattr__(cls, _MARK, runtime.package)
     type.__setattr__(cls, "__reduce_ex__", _reduce_ex)
     from multiprocessing.reduction import ForkingPickler
@@ -335,14 +336,23 @@ class _PostImportHook(importlib.abc.MetaPathFinder):
         return None
 
 
+_cloudpickle_support = False
+
+
 def install_cloudpickle_support() -> None:
-    """Patch cloudpickle and Ray's copy now if imported, else as soon as they are."""
+    """Patch cloudpickle and Ray's copy now if imported, else as soon as they are.
+
+    Not at import: the first ``load``/``install()`` and the first class marked (the
+    classes of a unit a ticket brought) call it, so importing codeferry leaves
+    cloudpickle and ``sys.meta_path`` as they were.
+    """
+    global _cloudpickle_support
+    if _cloudpickle_support:
+        return
     with _lock:
         for name in _CLOUDPICKLE_MODULES:
             if name in sys.modules:
                 _patch_cloudpickle(sys.modules[name])
         if not any(isinstance(f, _PostImportHook) for f in sys.meta_path):
             sys.meta_path.insert(0, _PostImportHook())
-
-
-install_cloudpickle_support()
+        _cloudpickle_support = True

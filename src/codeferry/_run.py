@@ -28,7 +28,9 @@ Resuming: a run whose output file already holds lines skips the ids written ther
 (results and errors alike) and appends the others in input order, so the file always holds
 each id at most once, in input order. A last line without its ``\\n`` (or not valid JSON) is
 cut away first. An output holding an id the input lacks, an id twice, or the results of
-another task is refused. An exclusive ``flock`` keeps two runs off one output file.
+another task is refused. An exclusive lock (filelock, on ``<output>.codeferry.lock``, left
+in place) keeps two runs off one output file; a run that cannot take it at once raises
+``OutputLockError`` before anything is read or written.
 
 What produced an output is recorded next to it, in ``<output>.codeferry.json`` (written
 atomically before the first line; the JSONL lines themselves stay as above)::
@@ -61,7 +63,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
-from ._checks import check_device
+from filelock import FileLock, Timeout
+from tqdm import tqdm
+
+from ._checks import check_device, dtype_name
 from ._executor import Executor, Outcome, needed_classes
 from ._lockfile import Lock, read_lock
 from ._resolve import Bundle, resolve
@@ -70,6 +75,7 @@ from .errors import (
     InputFormatError,
     InputNotFoundError,
     OutputError,
+    OutputLockError,
     ResumeMismatchError,
 )
 
@@ -262,6 +268,7 @@ class _Sink:
         self.unsynced = 0
         self.synced_at = time.monotonic()
         self.stream = False  # a pipe or device: no resume, no lock, no fsync
+        self.lock: FileLock | None = None  # held from open to close (regular files only)
 
     def open(self, items: Sequence[InputItem], task: Task) -> _Existing:
         """Open and lock the file, read what it holds, cut a torn last line away.
@@ -297,7 +304,7 @@ class _Sink:
         # keep the output open, nor its lock held, after this process is gone.
         multiprocessing.util.register_after_fork(self, _Sink._forget)
         try:
-            _lock_exclusive(self.fd, path)
+            self.lock = _lock_output(path)
             chunks = []
             while chunk := os.read(self.fd, 1 << 20):
                 chunks.append(chunk)
@@ -318,6 +325,9 @@ class _Sink:
             except OSError:
                 pass
             self.fd = None
+        if self.lock is not None:
+            _drop_inherited(self.lock)
+            self.lock = None
 
     def write(self, line: bytes) -> None:
         if self.fd is None:
@@ -355,7 +365,10 @@ class _Sink:
             elif self.unsynced:
                 os.fsync(fd)
         finally:
-            os.close(fd)  # releases the flock
+            os.close(fd)
+            if self.lock is not None:
+                lock, self.lock = self.lock, None
+                lock.release()
 
 
 def _is_stream(target: Path | int) -> bool:
@@ -367,18 +380,59 @@ def _is_stream(target: Path | int) -> bool:
     return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
 
-def _lock_exclusive(fd: int, path: Path) -> None:
+def lock_path(output: Path) -> Path:
+    """The lock file that keeps two runs off ``output``: next to it, left in place after the
+    run (removing it would let a run waiting on the old file and a new one both in)."""
+    return output.with_name(output.name + ".codeferry.lock")
+
+
+def _lock_output(path: Path) -> FileLock:
+    """Take the output's lock now or raise ``OutputLockError`` (never wait for another run).
+
+    The lock file sits next to the file itself, links resolved: ``-o out.jsonl`` and
+    ``-o link-to-out.jsonl`` are one output, with one lock.
+    """
+    where = lock_path(Path(os.path.realpath(path)))
+    try:  # filelock retries an unopenable file until its timeout: say why here instead
+        os.close(os.open(where, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644))
+    except OSError as exc:
+        raise OutputLockError(
+            f"cannot lock output {path}: its lock file {where} cannot be created: "
+            f"{exc.strerror or exc}.", path=str(path), lock_path=str(where),
+            fix=f"make {where.parent} writable (or remove what stands at {where}), or choose "
+            "another --output.") from None
+    lock = FileLock(str(where), timeout=0, thread_local=False, mode=0o644)
     try:
-        import fcntl
-    except ImportError:  # not POSIX: no protection against a second run
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise OutputError(
-            f"output {path} is being written by another codeferry run.", path=str(path),
+        lock.acquire()
+    except Timeout:
+        raise OutputLockError(
+            f"output {path} is being written by another codeferry run (it holds {where}).",
+            path=str(path), lock_path=str(where), held=True,
             fix="wait for that run to finish (a rerun then resumes), or choose another --output.",
         ) from None
+    except (OSError, NotImplementedError) as exc:
+        raise OutputLockError(
+            f"cannot lock output {path} with {where}: {exc}.", path=str(path),
+            lock_path=str(where),
+            fix="write the output to a local filesystem that supports file locks.") from None
+    return lock
+
+
+def _drop_inherited(lock: FileLock) -> None:
+    """In a forked child: close the child's copy of the lock's descriptor, never unlock it.
+
+    Unlocking would free the parent's lock too (they share one open file); a copy left
+    open would hold the lock after the parent is gone. filelock 4 detaches a forked
+    child's locks itself; this covers the releases before it.
+    """
+    context = getattr(lock, "_context", None)
+    fd = getattr(context, "lock_file_fd", None)
+    if isinstance(fd, int):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        context.lock_file_fd = None  # type: ignore[union-attr]
+        if hasattr(context, "lock_counter"):
+            context.lock_counter = 0  # type: ignore[union-attr]
 
 
 # -- what produced the output ----------------------------------------------------------
@@ -483,10 +537,28 @@ def _clock(seconds: float) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
-class Progress:
-    """A one-line progress bar (count, bar, percent, rate, ETA) redrawn in place on a terminal.
+class _Bar(tqdm):  # type: ignore[misc, type-arg, unused-ignore]  # Any without stubs, generic with
+    """tqdm without its monitor thread: no thread of ours runs while workers are forked."""
 
-    Disabled, every method does nothing.
+    monitor_interval = 0
+
+
+def _width(stream: TextIO) -> int:
+    """The width the terminal behind ``stream`` reports (0: none, or not a terminal)."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        return 0
+
+
+class Progress:
+    """The run's progress bar: tqdm's (count, bar, percent, rate, ETA), redrawn in place.
+
+    Only on a terminal (``enabled``); disabled, every method does nothing. While the
+    workers start, the bar at 0 says so; ``start`` resets its clock, so rate and ETA
+    count inference only. Lines for the same terminal go through ``printing`` (results
+    on stdout) or ``note`` (messages on the bar's stream): the bar is cleared, the line
+    written whole, the bar drawn again below it, so neither tears the other.
     """
 
     def __init__(self, total: int, stream: TextIO, *, enabled: bool, interval: float = 0.1) -> None:
@@ -494,60 +566,63 @@ class Progress:
         self.stream = stream
         self.enabled = enabled
         self.interval = interval
-        self.done = 0
         self.started = time.monotonic()
-        self.drawn_at = 0.0
-        self.shown = False
+        self._bar: _Bar | None = None
+
+    def _open(self, desc: str = "") -> _Bar:
+        if self._bar is None:
+            # Follow the terminal's width as it is resized; a terminal that reports none
+            # (a bare pseudo-terminal) gets $COLUMNS/$LINES or 80x20, where tqdm would draw
+            # nothing at all.
+            size = None if _width(self.stream) > 0 else shutil.get_terminal_size((80, 20))
+            self._bar = _Bar(total=self.total, file=self.stream, desc=desc, unit="input", leave=False,
+                             dynamic_ncols=size is None, mininterval=self.interval,
+                             ncols=size and size.columns, nrows=size and size.lines)
+        return self._bar
 
     def message(self, text: str) -> None:
+        """Show ``text`` in front of the bar (what the run is waiting for)."""
         if self.enabled:
-            self._put(text)
+            self._open(text).set_description_str(text)
 
     def start(self) -> None:
         self.started = time.monotonic()
-        self.draw(force=True)
+        if self.enabled:
+            bar = self._open()
+            bar.set_description_str("", refresh=False)
+            bar.reset()
 
     def advance(self, count: int = 1) -> None:
-        self.done += count
-        self.draw(force=self.done >= self.total)
+        if self._bar is not None:
+            self._bar.update(count)
 
-    def render(self, width: int) -> str:
-        elapsed = max(time.monotonic() - self.started, 1e-9)
-        rate = self.done / elapsed
-        left = self.total - self.done
-        eta = _clock(left / rate) if rate > 0 else "?"
-        fraction = self.done / self.total if self.total else 1.0
-        head = f"{self.done}/{self.total} "
-        tail = f" {fraction * 100:3.0f}% {rate:.1f}/s ETA {eta}"
-        size = max(10, min(40, width - len(head) - len(tail) - 3))
-        filled = int(fraction * size)
-        return f"{head}|{'#' * filled}{'.' * (size - filled)}|{tail}"
-
-    def draw(self, *, force: bool = False) -> None:
-        if not self.enabled:
+    @contextlib.contextmanager
+    def printing(self) -> Iterator[None]:
+        """Write other output to the bar's terminal inside this block, without tearing it."""
+        bar = self._bar
+        if bar is None:
+            yield
             return
-        now = time.monotonic()
-        if not force and now - self.drawn_at < self.interval:
-            return
-        self.drawn_at = now
-        self._put(self.render(shutil.get_terminal_size((80, 20)).columns))
+        bar.clear()
+        try:
+            yield
+        finally:
+            bar.refresh()
 
-    def _put(self, text: str) -> None:
-        self.stream.write("\r\x1b[K" + text)
-        self.stream.flush()
-        self.shown = True
-
-    def clear(self) -> None:
-        """Take the bar off the screen (before other output on the same terminal)."""
-        if self.enabled and self.shown:
-            self.stream.write("\r\x1b[K")
-            self.stream.flush()
-            self.shown = False
+    def note(self, text: str) -> None:
+        """A line of its own on the bar's stream, above the bar."""
+        if self.enabled:
+            with self.printing():
+                self.stream.write(text + "\n")
+                self.stream.flush()
 
     def finish(self, summary: str | None = None) -> None:
+        """Take the bar off the screen; then ``summary`` on a line of its own."""
         if not self.enabled:
             return
-        self.clear()
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
         if summary:
             self.stream.write(summary + "\n")
             self.stream.flush()
@@ -606,9 +681,10 @@ def run(
     batch_size: int | None = None,
     max_new_tokens: int | None = None,
     device: str = "cpu",
-    dtype: str | None = None,
+    dtype: str | Any | None = None,
     pooling: str | None = None,
     revision: str | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
     progress: bool | None = None,
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
@@ -620,7 +696,8 @@ def run(
     ``batch_size`` defaults to 8, smaller when there are fewer than 8 inputs per worker;
     no more workers start than there are batches. ``progress`` (default: whether ``stderr``
     is a terminal) draws a progress bar on ``stderr``. ``force_resume`` appends to an output
-    that another model, code digest or option set produced (refused otherwise).
+    that another model, code digest or option set produced (refused otherwise). ``dtype``
+    is a ``torch.dtype`` or its name; ``cache_dir`` the hub cache that holds ``model``.
     """
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
@@ -630,7 +707,8 @@ def run(
     err = sys.stderr if stderr is None else stderr
     show = err.isatty() if progress is None else progress
     items = read_inputs(input_path, task)
-    bundle = resolve(model, revision=revision)
+    dtype = dtype_name(dtype)  # recorded as its name: torch.float16 and "float16" agree
+    bundle = resolve(model, revision=revision, cache_dir=cache_dir)
     bundle.check_classes(needed_classes((task,)))
     trust, locked = _trusted(bundle, trust_remote_code, lock)
     check_device(device)  # before the output is opened (the executor checks again)
@@ -657,7 +735,7 @@ def run(
         size = batch_size or max(1, min(8, math.ceil(len(remaining) / max(1, workers))))
         count = max(1, min(workers, math.ceil(len(remaining) / size)))
         if result.skipped:
-            bar.finish(f"resuming: {result.skipped} of {result.total} already in {path}")
+            bar.note(f"resuming: {result.skipped} of {result.total} already in {path}")
         bar.message(f"starting {count} worker{'s' if count > 1 else ''} ({start_method})...")
         try:
             if path is not None and record is not None:
@@ -667,6 +745,7 @@ def run(
                 str(bundle.source.root), workers=count, start_method=start_method,
                 device=device, dtype=dtype, trust_remote_code=trust, lock=locked,
                 revision=revision, batch_size=size, preload=(task,), digest=bundle.digest,
+                cache_dir=cache_dir,
             )
         except BaseException:
             sink.close(discard=True)
@@ -679,8 +758,10 @@ def run(
             _drain(_outcomes(executor, task, [i.text for i in remaining], size, max_new_tokens,
                              pooling), remaining, task, sink, bar, result, size)
         sink.close()
-    except KeyboardInterrupt:
-        bar.finish()
+    except BaseException as exc:
+        bar.finish()  # off the screen before the error (or the interruption) is printed
+        if not isinstance(exc, KeyboardInterrupt):
+            raise
         if path is not None and not sink.stream:
             err.write(f"codeferry: interrupted after writing {result.skipped + result.written} "
                       f"of {result.total} outputs to {path}; run the same command again to "
@@ -714,15 +795,12 @@ def _drain(outcomes: Iterator[Outcome], remaining: list[InputItem], task: Task, 
         bar.advance()
         if following not in waiting:
             continue
-        on_stdout = sink.fd is None
-        if on_stdout:
-            bar.clear()  # stdout may be the same terminal: lines first, then the bar again
-        while following in waiting:
-            line, failed = waiting.pop(following)
-            sink.write(line)
-            result.written += 1
-            result.failed += failed
-            following += 1
+        # stdout may be the bar's terminal: the lines go above the bar, which is drawn again
+        with bar.printing() if sink.fd is None else contextlib.nullcontext():
+            while following in waiting:
+                line, failed = waiting.pop(following)
+                sink.write(line)
+                result.written += 1
+                result.failed += failed
+                following += 1
         sink.sync(size)
-        if on_stdout:
-            bar.draw(force=True)

@@ -24,10 +24,10 @@ keyword, not a patch of transformers. A ``vocab.json`` swapped in the folder aft
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,6 @@ from .errors import CodeferryError
 
 __all__ = ["register_with_transformers", "serve_verified_files", "with_generation_mixin"]
 
-logger = logging.getLogger("codeferry")
 
 
 _original_add_mixin: Any = None
@@ -185,7 +184,13 @@ def register_with_transformers(
                 out[key] = value
                 auto.register(config_cls, value, exist_ok=True)
         except (ValueError, TypeError) as exc:
-            logger.info("codeferry: transformers refused to register %s for %s: %s", value, key, exc)
+            # A degraded mode the caller can see coming: load() still returns the class,
+            # but transformers' Auto class will load that one its own way.
+            warnings.warn(
+                f"codeferry: transformers refused to register {value!r} as {key} of "
+                f"{config_cls.__name__} ({exc}); codeferry.load returns it, but "
+                f"{key}.from_pretrained will load its code through transformers instead.",
+                RuntimeWarning, stacklevel=2)
     return out
 
 

@@ -50,6 +50,8 @@ class WorkerSpec:
     #: The digest the parent checked: the worker runs exactly this code or fails with
     #: ``CodeChangedError`` (``None``: whatever the trust or lock allows).
     digest: str | None = None
+    #: The hub cache of cross-repo references (``None``: the default cache).
+    cache_dir: str | None = None
 
 
 def _watch_parent(parent_pid: int, lifeline: Connection | None) -> None:
@@ -150,9 +152,10 @@ class _Engine:
             from . import load
 
             self.classes = load(spec.model, trust_remote_code=spec.trust_remote_code,
-                                revision=spec.revision, lock=spec.lock)
+                                revision=spec.revision, lock=spec.lock, cache_dir=spec.cache_dir)
         else:
             self.classes = load_pinned(spec.model, spec.digest, revision=spec.revision,
+                                       cache_dir=spec.cache_dir,
                                        trust_remote_code=spec.trust_remote_code, lock=spec.lock)
         self.tokenizer = AutoTokenizer.from_pretrained(spec.model, revision=spec.revision)
         if self.tokenizer.pad_token is None:

@@ -3,7 +3,8 @@
 Exit codes: 0 success, 1 the model has blocking problems (or a command found them),
 2 usage errors (bad arguments, a model that is not there, a device this machine lacks).
 Errors print one line (``codeferry: error: ...``), after the last frames of the worker's
-traceback when a worker failed; ``--debug`` adds the whole traceback. Nothing is written
+traceback when a worker failed; ``--debug`` (or ``CODEFERRY_DEBUG=1``, or huggingface_hub's
+``HF_DEBUG=1``) adds the whole traceback. Nothing is written
 when a command fails: outputs go to a temporary file that is renamed into place at the end.
 Every command's MODEL is optional: without it, the command works on the bundled demo.
 """
@@ -102,12 +103,22 @@ def _remote_tail(exc: BaseException, frames: int = 3) -> str | None:
     return "\n".join([first, *shown]) + "\n"
 
 
+#: Environment variables that turn ``--debug`` on (``HF_DEBUG``: huggingface_hub's own).
+DEBUG_VARIABLES = ("CODEFERRY_DEBUG", "HF_DEBUG")
+
+
+def debug_from_env() -> bool:
+    """Whether a debug variable is set to a true value (``1``, ``true``, ``yes``, ``on``)."""
+    return any(os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+               for name in DEBUG_VARIABLES)
+
+
 def _demo() -> str:
     return str(Path(__file__).with_name("demo"))
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    bundle = resolve(args.model or _demo(), revision=args.revision)
+    bundle = resolve(args.model or _demo(), revision=args.revision, cache_dir=args.cache_dir)
     if args.graph:
         _write_graph(Path(args.graph), render_dot(bundle))
     if args.json:
@@ -120,7 +131,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_lock(args: argparse.Namespace) -> int:
     from ._lockfile import Lock
 
-    bundle = resolve(args.model or _demo(), revision=args.revision)
+    bundle = resolve(args.model or _demo(), revision=args.revision, cache_dir=args.cache_dir)
     bundle.check_classes()  # refused only when no class can load
     for ref in bundle.classes:
         for problem in bundle.problems_for(ref)[:1]:
@@ -139,7 +150,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
     lock = read_lock(args.lock)
     model = args.model or _demo()
-    bundle = resolve(model, revision=args.revision)
+    bundle = resolve(model, revision=args.revision, cache_dir=args.cache_dir)
     diff = lock.diff(bundle)
     if bundle.digest == lock.digest:
         print(f"ok: {bundle.source.name} matches {args.lock} ({lock.digest})")
@@ -166,12 +177,13 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         from ._lockfile import Lock
         from ._run import DEMO_DIGEST
 
-        bundle = resolve(model, revision=args.revision)
+        bundle = resolve(model, revision=args.revision, cache_dir=args.cache_dir)
         if bundle.digest == DEMO_DIGEST:  # the bundled demo: trusted as exactly its code, like run
             lock = Lock.from_bundle(bundle)
     report = doctor(
         model, trust_remote_code=args.trust_remote_code, workers=args.workers,
         start_method=args.start_method, revision=args.revision, lock=lock,
+        cache_dir=args.cache_dir,
     )
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
@@ -190,7 +202,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
             f"--fail-on: unknown categor{'ies' if len(unknown) > 1 else 'y'} "
             f"{', '.join(map(repr, unknown))}; valid: {', '.join(CATEGORIES)}"
         )
-    report = audit(args.model or _demo(), revision=args.revision)
+    report = audit(args.model or _demo(), revision=args.revision, cache_dir=args.cache_dir)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:
@@ -229,7 +241,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             trust_remote_code=args.trust_remote_code, lock=args.lock, workers=workers,
             start_method=args.start_method, batch_size=args.batch_size,
             max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
-            pooling=args.pooling, revision=args.revision, force_resume=args.force_resume,
+            pooling=args.pooling, revision=args.revision, cache_dir=args.cache_dir,
+            force_resume=args.force_resume,
         )
     except BrokenPipeError:  # `codeferry run | head`: the reader left; stop quietly
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -246,6 +259,9 @@ _MODEL_HELP = ("a model folder, or a repo id in the local Hugging Face cache "
 def _common_options(command: argparse.ArgumentParser) -> None:
     """Options every subcommand takes. ``--debug`` is also accepted before the command."""
     command.add_argument("--revision", help="branch, tag or commit of a cached repo (default: main)")
+    command.add_argument("--cache-dir", metavar="DIR",
+                         help="the Hugging Face hub cache that holds MODEL (default: $HF_HUB_CACHE, "
+                         "else $HF_HOME/hub, else $XDG_CACHE_HOME or ~/.cache, /huggingface/hub)")
     command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                          help="show tracebacks")
 
@@ -256,7 +272,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Load Hugging Face remote code correctly in every process and on every node.",
     )
     parser.add_argument("--version", action="version", version=f"codeferry {__version__}")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--debug", action="store_true",
+                        help="show tracebacks (also CODEFERRY_DEBUG=1 or HF_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     inspect = sub.add_parser(
@@ -365,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``codeferry`` console script."""
     parser = _parser()
     args = parser.parse_args(argv)
-    debug: bool = args.debug
+    debug: bool = args.debug or debug_from_env()
     func: Callable[[argparse.Namespace], int] = args.func
     for stream in (sys.stdout, sys.stderr):
         # Names from the model (JSON keys, file names) may hold lone surrogates, which a

@@ -59,6 +59,8 @@ __all__ = [
     "TicketPackageError",
     "RequestUnpicklingError",
     "AssetTooLargeError",
+    "OutputLockError",
+    "DTypeError",
 ]
 
 
@@ -507,3 +509,31 @@ class ModelTypeConflictError(CodeferryError, ValueError):
     def __init__(self, message: str, *, model_type: str = "", **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.model_type = model_type
+# -- the output lock of codeferry run -------------------------------------------------
+
+
+class OutputLockError(OutputError):
+    """``codeferry run`` cannot lock its ``--output`` file, so it writes nothing to it.
+
+    ``held`` is ``True`` when another run holds the lock (wait for it, or choose another
+    output), ``False`` when the lock file ``lock_path`` cannot be created or locked at all
+    (a read-only folder, a filesystem without locks).
+    """
+
+    def __init__(
+        self, message: str, *, lock_path: str | None = None, held: bool = False, **kwargs: Any
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.lock_path = lock_path
+        self.held = held
+
+
+class DTypeError(CodeferryError, ValueError):
+    """A ``dtype`` that is neither a ``torch.dtype`` nor the name of one; ``dtype`` is its repr.
+
+    Raised in the parent before any worker starts.
+    """
+
+    def __init__(self, message: str, *, dtype: str | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.dtype = dtype

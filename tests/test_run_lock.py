@@ -1,0 +1,126 @@
+"""The output lock of ``codeferry run``: filelock on ``<output>.codeferry.lock``, typed errors.
+
+The holder is a real second process running codeferry's own output sink; the runs that
+are refused never start a worker (the lock is taken before), so these tests stay fast.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from codeferry import cli
+from codeferry._run import lock_path, run
+from codeferry.errors import OutputError, OutputLockError
+
+DEMO = Path(cli._demo())
+PROMPTS = DEMO / "prompts.txt"
+
+# A second process that opens OUTPUT the way a run does (lock, read, resume state), says
+# "held", and keeps it until its stdin closes; with "fork-and-die" it first forks a child
+# that sleeps on, then dies without releasing anything, as a killed run would.
+HOLDER = textwrap.dedent("""
+    import multiprocessing, os, sys, time
+    from pathlib import Path
+    from codeferry._run import _Sink, read_inputs
+
+    sink = _Sink(Path(sys.argv[1]), sys.stdout)
+    sink.open(read_inputs(sys.argv[2]), "generate")
+    if sys.argv[3] == "fork-and-die":
+        child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
+        child.start()
+        print(child.pid, flush=True)
+        os._exit(0)
+    print("held", flush=True)
+    sys.stdin.read()
+""")
+
+
+def _holder(output: Path, mode: str = "hold") -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(output), str(PROMPTS), mode],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    assert proc.stdout is not None
+    return proc
+
+
+@pytest.fixture
+def held(tmp_path: Path) -> Iterator[Path]:
+    """An output file another process is writing (holding its lock)."""
+    output = tmp_path / "out.jsonl"
+    proc = _holder(output)
+    assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+    try:
+        yield output
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(30)
+        proc.stdout.close()
+
+
+def test_an_output_another_run_writes_is_refused(
+    held: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(OutputLockError) as info:
+        run(DEMO, PROMPTS, held, workers=1, start_method="fork")
+    assert info.value.held and info.value.lock_path == str(lock_path(held))
+    assert isinstance(info.value, OutputError) and info.value.fix
+    assert info.value.path == str(held) and "another codeferry run" in str(info.value)
+    # on the command line: one line, exit 1, the output left as the other run has it
+    code = cli.main(["run", "--input", str(PROMPTS), "--output", str(held)])
+    out, err = capsys.readouterr()
+    assert (code, out) == (1, "")
+    assert err.startswith("codeferry: error: ") and err.count("\n") == 1
+    assert "being written by another codeferry run" in err
+    assert held.read_bytes() == b""
+
+
+def test_a_link_to_an_output_another_run_writes_is_refused(held: Path) -> None:
+    """One file under two names is one output: the lock follows links."""
+    link = held.with_name("link.jsonl")
+    link.symlink_to(held.name)
+    with pytest.raises(OutputLockError) as info:
+        run(DEMO, PROMPTS, link, workers=1, start_method="fork")
+    assert info.value.held and info.value.lock_path == str(lock_path(held))
+    assert not lock_path(link).exists()
+
+
+def test_an_output_whose_lock_file_cannot_be_made_is_refused(tmp_path: Path) -> None:
+    output = tmp_path / "out.jsonl"
+    lock_path(output).mkdir()  # a folder where the lock file goes: nothing can lock it
+    with pytest.raises(OutputLockError) as info:
+        run(DEMO, PROMPTS, output, workers=1, start_method="fork")
+    assert not info.value.held and info.value.lock_path == str(lock_path(output))
+    assert "cannot be created" in info.value.message and info.value.fix
+    assert not output.exists()  # the output this run created is gone again
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl.codeferry.lock"]
+
+
+def test_a_forked_child_does_not_keep_the_lock_of_a_dead_run(tmp_path: Path) -> None:
+    """A run killed while a forked worker lives on: the next run gets the lock at once."""
+    output = tmp_path / "out.jsonl"
+    proc = _holder(output, "fork-and-die")
+    assert proc.stdout is not None
+    child = int(proc.stdout.readline())
+    proc.wait(30)
+    proc.stdout.close()
+    assert proc.stdin is not None
+    proc.stdin.close()
+    try:
+        os.kill(child, 0)  # the forked child still lives
+        again = _holder(output)
+        assert again.stdout is not None and again.stdout.readline() == "held\n"
+        assert again.stdin is not None
+        again.stdin.close()
+        again.wait(30)
+        again.stdout.close()
+    finally:
+        os.kill(child, signal.SIGKILL)
