@@ -57,7 +57,8 @@ _installed = False  # install(): answer for every model codeferry can locate
 # install_for_engine(): the lock every answer must match (None: transformers' trust decides),
 # and whether a failed answer is logged at error level (engines swallow the exception).
 _engine_lock: Lock | None = None
-_log_errors = False
+_error_log: logging.Logger | None = None
+_logged: set[tuple[str, str]] = set()  # (reference, error): said once per process
 _loaded_roots: set[str] = set()  # load(): answer for these model folders only
 _originals: dict[str, Any] = {}  # what was replaced, to restore
 
@@ -158,6 +159,16 @@ def _unlocked(reference: str, model: Any) -> LockMismatchError:
     )
 
 
+def _log_error(reference: str, model: Any, exc: CodeferryError) -> None:
+    """In an engine, say why a class cannot load (its wrapper would say only "cannot find")."""
+    with _lock:
+        log = _error_log
+        if log is None or (reference, str(exc)) in _logged:
+            return
+        _logged.add((reference, str(exc)))
+    log.error("codeferry: %s of %s cannot load: %s", reference, model, exc)
+
+
 def _hooked(original: Any) -> Any:
     def get_class_from_dynamic_module(
         class_reference: str, pretrained_model_name_or_path: Any, *args: Any, **kwargs: Any
@@ -171,9 +182,7 @@ def _hooked(original: Any) -> Any:
             if found is None and _engine_lock is not None:
                 raise _unlocked(class_reference, pretrained_model_name_or_path)
         except CodeferryError as exc:
-            if _log_errors:  # the engine's wrapper would reduce this to "cannot find"
-                logger.error("codeferry: %s of %s cannot load: %s", class_reference,
-                             pretrained_model_name_or_path, exc)
+            _log_error(class_reference, pretrained_model_name_or_path, exc)
             raise
         if found is not None:
             return found
@@ -240,31 +249,31 @@ def install() -> None:
             adopt_module(mod)
 
 
-def install_for_engine(lock: Lock | None = None) -> None:
+def install_for_engine(lock: Lock | None = None, *, log: logging.Logger = logger) -> None:
     """``install()`` for an engine that calls transformers and swallows its errors (vLLM).
 
-    A class codeferry cannot load is logged at error level with its typed error (file,
-    line, fix) before the exception goes on, since the engine's own wrapper reduces it to
-    "cannot find". With ``lock``, every answer is checked against it (a mismatch raises
+    A class codeferry cannot load is logged at error level on ``log`` with its typed
+    error (file, line, fix), once per process, before the exception goes on, since the
+    engine's own wrapper reduces it to "cannot find". With ``lock``, every answer is checked against it (a mismatch raises
     ``LockMismatchError``; remote code codeferry cannot check is refused, not passed on
     to transformers), and the process runs only locked code from then on.
     """
-    global _engine_lock, _log_errors
+    global _engine_lock, _error_log
     with _lock:
         _engine_lock = lock
-        _log_errors = True
+        _error_log = log
     install()
 
 
 def uninstall() -> None:
     """Give transformers its own remote-code loading back (classes already loaded stay)."""
-    global _installed, _engine_lock, _log_errors
+    global _installed, _engine_lock, _error_log
     import transformers.dynamic_module_utils as dmu
 
     with _lock:
         _installed = False
         _engine_lock = None
-        _log_errors = False
+        _error_log = None
         _loaded_roots.clear()
         original = _originals.pop("get_class_from_dynamic_module", None)
         if original is not None:

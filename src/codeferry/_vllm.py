@@ -25,6 +25,7 @@ class, verified bytes) with nothing to change in the user's script.
 
 from __future__ import annotations
 
+import logging
 import os
 
 __all__ = ["register", "ENABLE_ENV", "LOCK_ENV", "enabled"]
@@ -63,4 +64,5 @@ def register() -> None:
         from ._lockfile import read_lock
 
         lock = read_lock(path)
-    install_for_engine(lock)
+    # a child of vLLM's logger: the error reads like vLLM's own lines, in every process
+    install_for_engine(lock, log=logging.getLogger("vllm.codeferry"))
