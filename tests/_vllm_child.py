@@ -156,7 +156,7 @@ def build(root: Path) -> None:
 
 def run(model: str, out: Path, tp: int) -> None:
     started = time.perf_counter()
-    result: dict[str, Any] = {"model": model, "tp": tp}
+    result: dict[str, Any] = {"model": model, "tp": tp, "driver_pid": os.getpid()}
     try:
         from vllm import LLM, SamplingParams
 
