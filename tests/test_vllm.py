@@ -158,6 +158,20 @@ def test_plain_vllm_cannot_load_the_helper_layouts(
             not r["config_module"].startswith("codeferry.") for r in result["probe"])
 
 
+def test_the_plain_layout_has_two_config_classes_without_codeferry_and_one_with(
+    vllm_python: str, work: Path, models: Path, reference: dict[str, Any]
+) -> None:
+    """Both work; only with codeferry is ``model.config_class is type(config)`` in the worker."""
+    result = run_vllm(vllm_python, work, models / "plain", "off-plain", CODEFERRY_VLLM_PLUGIN="0")
+    assert _tokens(result) == _tokens(reference)
+    in_workers = [r for r in result["probe"] if r["what"] == "model"]
+    assert in_workers and not any(r["config_class_is_type"] for r in in_workers), in_workers
+    assert all(r["transformers_modules"] for r in in_workers)
+    result = run_vllm(vllm_python, work, models / "plain", "plain")
+    assert _tokens(result) == _tokens(reference)
+    _assert_codeferry_everywhere(result)
+
+
 def test_a_model_without_remote_code_is_left_to_vllm(reference: dict[str, Any]) -> None:
     assert len(_tokens(reference)) == 8
     assert reference["driver_config_module"] == "transformers.models.llama.configuration_llama"
