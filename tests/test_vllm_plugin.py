@@ -103,6 +103,13 @@ def locked_child(lock: str, other: str, locked_model: str) -> dict[str, Any]:
         out["other"] = "loaded"
     except LockMismatchError as exc:
         out["other"] = f"LockMismatchError {exc.path}"
+    import transformers.dynamic_module_utils as dmu
+
+    try:  # not code codeferry can check: refused, not handed to transformers
+        dmu.get_class_from_dynamic_module("modeling_x.XModel", other + ".absent")
+        out["unchecked"] = "loaded"
+    except LockMismatchError as exc:
+        out["unchecked"] = f"LockMismatchError {exc.path}"
     config = AutoConfig.from_pretrained(locked_model, trust_remote_code=True)
     out["locked_config"] = type(config).__module__
     out["locked"] = _policy._locked
@@ -161,6 +168,7 @@ def test_a_lock_in_the_environment_binds_the_process(
                                str(locked)).result(timeout=300)
     assert out["missing"] == f"LockFormatError {lock}.missing"
     assert out["other"] == f"LockMismatchError {lock}"
+    assert out["unchecked"] == f"LockMismatchError {lock}"
     assert out["locked_config"].startswith("codeferry._dyn.u") and out["locked"] is True
     assert any(level == "ERROR" and str(lock) in msg for level, msg in out["log"])
 

@@ -15,6 +15,10 @@ restores transformers' own functions.
 models this process loaded, so a later ``from_pretrained(..., trust_remote_code=True)``
 of such a model returns codeferry's classes instead of executing the code a second time.
 
+``install_for_engine`` is ``install`` for engines that call transformers in processes of
+their own and swallow its exceptions (vLLM, through ``codeferry._vllm``): it logs why a
+class cannot load, and can bind every answer to a lock.
+
 What codeferry cannot locate (a repo that is not downloaded yet) is left to transformers,
 and what transformers then loads is *adopted*:
 
@@ -254,9 +258,10 @@ def install_for_engine(lock: Lock | None = None, *, log: logging.Logger = logger
 
     A class codeferry cannot load is logged at error level on ``log`` with its typed
     error (file, line, fix), once per process, before the exception goes on, since the
-    engine's own wrapper reduces it to "cannot find". With ``lock``, every answer is checked against it (a mismatch raises
-    ``LockMismatchError``; remote code codeferry cannot check is refused, not passed on
-    to transformers), and the process runs only locked code from then on.
+    engine's own wrapper reduces it to "cannot find". With ``lock``, every answer is
+    checked against it (a mismatch raises ``LockMismatchError``; remote code codeferry
+    cannot check is refused, not passed on to transformers), and the process runs only
+    locked code from then on.
     """
     global _engine_lock, _error_log
     with _lock:
