@@ -15,6 +15,10 @@ restores transformers' own functions.
 models this process loaded, so a later ``from_pretrained(..., trust_remote_code=True)``
 of such a model returns codeferry's classes instead of executing the code a second time.
 
+``install_for_engine`` is ``install`` for engines that call transformers in processes of
+their own and swallow its exceptions (vLLM, through ``codeferry._vllm``): it logs why a
+class cannot load, and can bind every answer to a lock.
+
 What codeferry cannot locate (a repo that is not downloaded yet) is left to transformers,
 and what transformers then loads is *adopted*:
 
@@ -33,21 +37,32 @@ around ``get_class_in_module``, the one function every remote class passes throu
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _loader, _pickling, _policy, _transformers
 from ._store import UnitData, unit_digest
-from .errors import ModelNotFoundError
+from .errors import CodeferryError, LockMismatchError, ModelNotFoundError
 
-__all__ = ["install", "uninstall", "adopt_module", "answer_for_loaded"]
+if TYPE_CHECKING:
+    from ._lockfile import Lock
+
+__all__ = ["install", "uninstall", "adopt_module", "answer_for_loaded", "install_for_engine"]
+
+logger = logging.getLogger("codeferry")
 
 _PREFIX = "transformers_modules."
 _lock = threading.RLock()
 _installed = False  # install(): answer for every model codeferry can locate
+# install_for_engine(): the lock every answer must match (None: transformers' trust decides),
+# and whether a failed answer is logged at error level (engines swallow the exception).
+_engine_lock: Lock | None = None
+_error_log: logging.Logger | None = None
+_logged: set[tuple[str, str]] = set()  # (reference, error): said once per process
 _loaded_roots: set[str] = set()  # load(): answer for these model folders only
 _originals: dict[str, Any] = {}  # what was replaced, to restore
 
@@ -128,26 +143,57 @@ def _answer(
             break
     if key is None:
         return None  # not a class this model's auto_map names: transformers' business
-    # transformers asked only after its own trust check passed: that is the decision.
+    # transformers asked only after its own trust check passed: that is the decision
+    # (an engine's lock narrows it to exactly the locked code).
     classes = _api.load(source.root if source.repo_id is None else model,
                         trust_remote_code=True, revision=revision, classes=[key],
-                        cache_dir=cache_dir)
+                        cache_dir=cache_dir, lock=_engine_lock)
     value: Any = classes[key]
     if isinstance(value, tuple):  # a [slow, fast] pair: the slot this reference names
         value = next(c for c in value if c is not None and c.__name__ == name)
     return value if isinstance(value, type) else None
 
 
+def _unlocked(reference: str, model: Any) -> LockMismatchError:
+    """A lock binds this process, and this remote class is not code codeferry could check."""
+    where = _engine_lock.source if _engine_lock is not None else None
+    return LockMismatchError(
+        f"{reference} of {model} is remote code codeferry cannot check against the lock "
+        f"{where or ''} (the model is not on this machine, or its auto_map does not name "
+        "it); with a lock in force nothing unchecked runs.",
+        path=where,
+        fix="download the model first and lock it (`codeferry lock MODEL -o FILE`), or "
+        "unset CODEFERRY_LOCK to let transformers' trust_remote_code decide.",
+    )
+
+
+def _log_error(reference: str, model: Any, exc: CodeferryError) -> None:
+    """In an engine, say why a class cannot load (its wrapper would say only "cannot find")."""
+    with _lock:
+        log = _error_log
+        if log is None or (reference, str(exc)) in _logged:
+            return
+        _logged.add((reference, str(exc)))
+    log.error("codeferry: %s of %s cannot load: %s", reference, model, exc)
+
+
 def _hooked(original: Any) -> Any:
     def get_class_from_dynamic_module(
         class_reference: str, pretrained_model_name_or_path: Any, *args: Any, **kwargs: Any
     ) -> Any:
-        if not args:  # positional cache_dir and friends: leave such calls alone
-            found = _answer(class_reference, pretrained_model_name_or_path,
-                            kwargs.get("code_revision") or kwargs.get("revision"),
-                            kwargs.get("cache_dir"))
-            if found is not None:
-                return found
+        found = None
+        try:
+            if not args:  # positional cache_dir and friends: leave such calls alone
+                found = _answer(class_reference, pretrained_model_name_or_path,
+                                kwargs.get("code_revision") or kwargs.get("revision"),
+                                kwargs.get("cache_dir"))
+            if found is None and _engine_lock is not None:
+                raise _unlocked(class_reference, pretrained_model_name_or_path)
+        except CodeferryError as exc:
+            _log_error(class_reference, pretrained_model_name_or_path, exc)
+            raise
+        if found is not None:
+            return found
         return original(class_reference, pretrained_model_name_or_path, *args, **kwargs)
 
     get_class_from_dynamic_module.__wrapped__ = original  # type: ignore[attr-defined]
@@ -213,13 +259,32 @@ def install() -> None:
             adopt_module(mod)
 
 
+def install_for_engine(lock: Lock | None = None, *, log: logging.Logger = logger) -> None:
+    """``install()`` for an engine that calls transformers and swallows its errors (vLLM).
+
+    A class codeferry cannot load is logged at error level on ``log`` with its typed
+    error (file, line, fix), once per process, before the exception goes on, since the
+    engine's own wrapper reduces it to "cannot find". With ``lock``, every answer is
+    checked against it (a mismatch raises ``LockMismatchError``; remote code codeferry
+    cannot check is refused, not passed on to transformers), and the process runs only
+    locked code from then on.
+    """
+    global _engine_lock, _error_log
+    with _lock:
+        _engine_lock = lock
+        _error_log = log
+    install()
+
+
 def uninstall() -> None:
     """Give transformers its own remote-code loading back (classes already loaded stay)."""
-    global _installed
+    global _installed, _engine_lock, _error_log
     import transformers.dynamic_module_utils as dmu
 
     with _lock:
         _installed = False
+        _engine_lock = None
+        _error_log = None
         _loaded_roots.clear()
         original = _originals.pop("get_class_from_dynamic_module", None)
         if original is not None:

