@@ -37,6 +37,9 @@ def test_every_logger_is_named_after_its_module() -> None:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "getLogger":
                 calls.append((path.name, ast.unparse(node.args[0]) if node.args else ""))
+    # One deliberate exception: inside vLLM, codeferry's errors go to a child of vLLM's own
+    # logger, so they show in vLLM's output format, where vLLM says "Cannot find model module".
+    calls = [(name, arg) for name, arg in calls if (name, arg) != ("_vllm.py", "'vllm.codeferry'")]
     assert calls and all(arg == "__name__" for _, arg in calls), calls
     assert _executor.logger.name == "codeferry._executor"
     parent = logging.getLogger("codeferry")  # configuring it configures every module's logger

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = ["install", "uninstall", "adopt_module", "answer_for_loaded", "install_for_engine"]
 
-logger = logging.getLogger("codeferry")
+logger = logging.getLogger(__name__)
 
 _PREFIX = "transformers_modules."
 _lock = threading.RLock()
