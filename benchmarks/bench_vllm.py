@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 CHILD = HERE.parent / "tests" / "_vllm_child.py"
+sys.path.insert(0, str(CHILD.parent))
+import _vllm_child  # noqa: E402 - stdlib only at import
 
 
 def _env(root: Path, plugin: bool) -> dict[str, str]:
@@ -45,17 +46,8 @@ def _run(root: Path, model: Path, plugin: bool) -> dict[str, Any]:
     out = root / "result.json"
     out.unlink(missing_ok=True)
     # its own process group, ended afterwards: the driver leaves vLLM's processes behind
-    child = subprocess.Popen([sys.executable, str(CHILD), "run", str(model), str(out)],
-                             env=_env(root, plugin), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        child.wait(timeout=900)
-    finally:
-        try:
-            os.killpg(child.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        child.wait()
+    _vllm_child.run_in_group([sys.executable, str(CHILD), "run", str(model), str(out)],
+                             env=_env(root, plugin), stdout=subprocess.DEVNULL, timeout=900)
     result: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {"error": "no result"}
     return result
 

@@ -29,6 +29,30 @@ import time
 from pathlib import Path
 from typing import Any
 
+
+def run_in_group(args, *, env, stdout, timeout):
+    """Run a vLLM driver in its own process group; end the whole group when it is done.
+
+    The driver leaves without vLLM's shutdown (``os._exit``), so its EngineCore and
+    workers are ended here, by the group id. Give ``stdout`` a file or ``DEVNULL``: those
+    processes inherit it, and a pipe would stay open until they end. Shared by the
+    integration test and ``benchmarks/bench_vllm.py``; imports nothing of vLLM.
+    """
+    import signal
+    import subprocess
+
+    child = subprocess.Popen(args, stdout=stdout, stderr=subprocess.STDOUT, env=env,
+                             start_new_session=True)
+    try:
+        return child.wait(timeout=timeout)
+    finally:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        child.wait()
+
+
 PROMPT = "w1 w2 w3 w4 w5"
 MAX_TOKENS = 8
 WORDS = 120  # vocabulary: 3 special tokens and w0..w119

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,9 @@ import pytest
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
 CHILD = HERE / "_vllm_child.py"
+sys.path.insert(0, str(HERE))
+import _vllm_child  # noqa: E402 - stdlib only at import: runs in this env too
+
 PYTHON_ENV = "CODEFERRY_VLLM_PYTHON"
 TIMEOUT = 600
 
@@ -84,23 +87,9 @@ def models(vllm_python: str, work: Path) -> Path:
 
 
 def run_child(args: list[str], log: Path, env: dict[str, str]) -> int:
-    """Run a vLLM driver in its own process group; end the group when the driver is done.
-
-    The driver leaves without vLLM's shutdown (``os._exit``), so its EngineCore and
-    workers are ended here, by the group id of the process this test started. Output goes
-    to a file: those processes inherit it, and a pipe would stay open until they end.
-    """
+    """A vLLM driver in its own process group (``_vllm_child.run_in_group``), logged to a file."""
     with log.open("wb") as sink:
-        child = subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT, env=env,
-                                 start_new_session=True)
-        try:
-            return child.wait(timeout=TIMEOUT)
-        finally:
-            try:
-                os.killpg(child.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            child.wait()
+        return int(_vllm_child.run_in_group(args, env=env, stdout=sink, timeout=TIMEOUT))
 
 
 def run_vllm(python: str, work: Path, model: Path, case: str, *, tp: int = 1,
