@@ -1,95 +1,42 @@
-"""The executor: batch inference of one model across worker processes that survive crashes.
+"""The executor: batch inference of one model across workers that survive crashes.
 
 ::
 
-    caller thread                         worker processes (spawn by default)
-    ─────────────                         ───────────────────────────────────
-    generate/embed/score(inputs)          worker_main: codeferry.load(model) itself,
-      │ split into batches                 builds the model, then serves requests
+    caller threads                        workers (local processes, or Ray actors)
+    ──────────────                        ────────────────────────────────────────
+    generate/embed/score(inputs)          each loads and verifies the model's code
+      │ split into batches                 itself, builds the model, serves batches
       ▼
-    _Scheduler ── pipe per worker ──────▶  (request_id, kind, payload)
-      ▲  wait() on every pipe AND every     │
-      │  process sentinel: a death is       ▼
-      └─ seen the moment it happens ◀───── (request_id, "ok"|"error", ...)
+    _scheduler.Scheduler ── _transport ──▶  (request_id, kind, payload)
+      one manager thread owns every      ◀──  (request_id, "ok"|"error", ...), or death
+      batch, attempt and outcome
 
 Every worker runs exactly the code digest the parent checked (``Executor.digest``): one
 started or replaced after the model folder changed fails with ``CodeChangedError``,
 naming both digests, before it executes anything; that is not retried, and every later
-call raises it too.
-
-Every batch is in flight on at most one worker. When a worker's process dies (an
-``os._exit``, SIGKILL, a segfault) the scheduler sees its sentinel, starts a
-replacement and sends the batch again; a batch whose model raised is sent again too.
-After ``max_retries`` further attempts the batch fails with ``BatchFailedError`` naming
-its inputs; every input gets exactly one outcome. Workers start with a handshake that
-carries a start-up error back typed, with the worker's traceback as its cause.
+call raises it too. The scheduler's docstring says what happens when a worker dies, a
+batch raises or runs past ``batch_timeout``: every input gets exactly one outcome.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
-import logging
-import multiprocessing as mp
 import os
-import threading
-import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from concurrent.futures import Future
 from typing import Any, Literal
 
 from ._checks import check_device, check_main_guard, dtype_name
 from ._lockfile import Lock, read_lock
 from ._resolve import resolve
-from ._worker import WorkerSpec, pack, remote_error, worker_main
-from .errors import (
-    BatchFailedError,
-    CodeChangedError,
-    RequestUnpicklingError,
-    WorkerError,
-    WorkerStartupError,
-)
+from ._scheduler import Batch, Call, Outcome, Scheduler
+from ._transport import LocalTransport, Transport
+from ._worker import WorkerSpec
 
 __all__ = ["Executor", "Outcome"]
 
 StartMethod = Literal["spawn", "forkserver", "fork"]
-
-logger = logging.getLogger(__name__)
-
-#: Batches sent ahead to each worker (the one it runs, and the next).
-QUEUE_DEPTH = 2
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """The result for input ``index``: ``value``, or ``error`` when its batch failed."""
-
-    index: int
-    value: Any = None
-    error: BaseException | None = None
-
-
-@dataclass
-class _Batch:
-    kind: str
-    indices: list[int]
-    payload: dict[str, Any]
-    inputs: list[Any]
-    attempts: int = 0
-    last_error: BaseException | None = None
-
-
-@dataclass
-class _Worker:
-    slot: int
-    process: Any
-    conn: Connection
-    pid: int | None = None
-    #: (request id, batch) sent and not answered yet, oldest first: the first is running.
-    queue: deque[tuple[int, _Batch]] = field(default_factory=deque)
-    info: dict[str, Any] = field(default_factory=dict)
+Backend = Literal["local", "ray"]
 
 
 def needed_classes(tasks: Sequence[str]) -> set[str]:
@@ -99,7 +46,7 @@ def needed_classes(tasks: Sequence[str]) -> set[str]:
 
 
 class Executor:
-    """Batch inference of ``model`` on ``workers`` processes; a context manager.
+    """Batch inference of ``model`` on ``workers`` processes or Ray actors.
 
     ``model`` is a folder, a cached repo id or a snapshot folder of the hub cache, remote
     code or not; workers get the snapshot folder, fenced like the repo. Remote code runs only
@@ -121,6 +68,18 @@ class Executor:
     Refused before any worker starts (``_checks``): a ``device`` this machine's torch
     cannot use (``DeviceError``), and spawn or forkserver workers started by a main script
     outside ``if __name__ == "__main__":`` (``MainGuardError``).
+
+    ``batch_timeout`` (seconds, default off): a worker whose batch runs longer is killed
+    and replaced and the batch retried (``BatchTimeoutError`` is the last cause), so a
+    hung forward pass cannot hang the caller.
+
+    ``backend="ray"`` runs the workers as Ray actors across a cluster (``address`` or
+    ``RAY_ADDRESS`` as for ``ray.init``; a local cluster otherwise), ``ray_resources``
+    per actor (``num_cpus``, ``num_gpus``, ``resources``); see ``_ray``. The methods and
+    guarantees are the same.
+
+    The ``concurrent.futures`` shape: ``submit``, ``map``, ``shutdown``, ``with``. Any
+    number of threads and open iterators may use one executor at once.
     """
 
     def __init__(
@@ -142,6 +101,10 @@ class Executor:
         startup_timeout: float = 600.0,
         digest: str | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
+        batch_timeout: float | None = None,
+        backend: Backend = "local",
+        address: str | None = None,
+        ray_resources: dict[str, Any] | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
@@ -173,155 +136,48 @@ class Executor:
         self.model = str(bundle.source.root)
         #: The code decided on here; every worker, and every replacement, runs exactly it.
         self.digest = bundle.digest
-        #: Set when the model's code changed under a running executor: every call raises it.
-        self._failure: CodeChangedError | None = None
         self.batch_size = batch_size
         self.max_retries = max_retries
         self.startup_timeout = startup_timeout
+        self.batch_timeout = batch_timeout
         self.warm = warm
-        self._ctx: Any = mp.get_context(start_method)
-        # Workers exit when this pipe reads EOF: when this process is gone (_watch_parent).
-        self._lifeline, self._lifeline_end = self._ctx.Pipe(duplex=False)
+        self.backend = backend
         threads = threads_per_worker or max(1, (os.cpu_count() or 1) // workers)
-        self._specs = [
+        specs = [
             WorkerSpec(self.model, revision, trust_remote_code, locked,
                        _device_for(device, slot), dtype, threads, tuple(preload), self.digest,
                        cache)
             for slot in range(workers)
         ]
-        self._workers: list[_Worker | None] = [None] * workers
-        self._requests = itertools.count()
+        transport: Transport
+        if backend == "ray":
+            from ._ray import RayTransport
+
+            transport = RayTransport(bundle, address=address, resources=ray_resources)
+        elif backend == "local":
+            transport = LocalTransport(start_method, warm=warm)
+        else:
+            raise ValueError(f"unknown backend {backend!r}: use 'local' or 'ray'")
+        self._scheduler = Scheduler(transport, specs, max_retries=max_retries,
+                                    startup_timeout=startup_timeout, batch_timeout=batch_timeout)
         self._closed = False
-        self._state = threading.RLock()
-        self._active = 0  # calls in progress: they replace dead workers themselves
-        try:
-            for slot in range(workers):
-                self._start(slot, wait_ready=False)
-            for slot in range(workers):
-                self._handshake(slot)
-        except BaseException:
-            self.close()
-            raise
-        self._monitor = threading.Thread(target=self._watch, name="codeferry-monitor",
-                                         daemon=True)
-        self._monitor.start()
+        self._scheduler.start()
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def _start(self, slot: int, *, wait_ready: bool = True) -> None:
-        if self.warm:
-            from ._zygote import shared_zygote
-
-            forked, conn = shared_zygote().fork(self._specs[slot])
-            self._workers[slot] = _Worker(slot, forked, conn)
-            if wait_ready:
-                self._handshake(slot)
-            return
-        parent_end, child_end = self._ctx.Pipe()
-        proc = self._ctx.Process(
-            target=worker_main,
-            args=(self._specs[slot], child_end, os.getpid(), self._lifeline,
-                  self._lifeline_end if self._ctx.get_start_method() == "fork" else None),
-            name=f"codeferry-worker-{slot}", daemon=True,
-        )
-        proc.start()
-        child_end.close()
-        self._workers[slot] = _Worker(slot, proc, parent_end)
-        if wait_ready:
-            self._handshake(slot)
-
-    def _handshake(self, slot: int) -> None:
-        worker = self._workers[slot]
-        assert worker is not None
-        deadline = time.monotonic() + self.startup_timeout
-        ready = wait(_waitables(worker), timeout=self.startup_timeout)
-        message = None
-        if worker.conn in ready or worker.conn.poll(0):
-            try:
-                message = worker.conn.recv()
-            except (EOFError, OSError):
-                message = None
-        if message is not None and message[0] == "ready":
-            _, worker.pid, worker.info = message
-            return
-        if message is not None and message[0] == "failed":
-            cause = remote_error(message[2], slot)
-            if isinstance(cause, CodeChangedError):
-                # Not a crash: every replacement would find the same code. Stop here.
-                self._failure = cause
-                worker.process.join(5)  # it exits by itself, having run nothing
-                raise cause
-            raise WorkerStartupError(
-                f"worker {slot} could not start: {type(cause).__name__}: {cause}",
-                worker=slot, fix="the cause above is the worker's own traceback.",
-            ) from cause
-        worker.process.join(max(0.0, min(5.0, deadline - time.monotonic())))
-        how = "timed out" if worker.process.exitcode is None else (
-            f"died with exit code {worker.process.exitcode}")
-        raise WorkerStartupError(f"worker {slot} {how} while starting.", worker=slot,
-                                 fix="run `codeferry doctor MODEL` to see each worker's error.")
-
-    def _watch(self) -> None:
-        """The monitor: notice a worker that dies between calls, and replace it at once.
-
-        During a call the scheduler sees deaths itself (it waits on every sentinel), so
-        the monitor stands back while one is active. Zygote-forked workers have no
-        sentinel of their own apart from their pipe, which only the scheduler reads.
-        """
-        while not self._closed and self._failure is None:
-            sentinels = {w.process.sentinel: w for w in self._workers
-                         if w is not None and w.process.sentinel is not w.conn}
-            if not sentinels:
-                return
-            for ready in wait(list(sentinels), timeout=0.5):
-                worker = sentinels[ready]
-                with self._state:
-                    if self._closed or self._active or self._workers[worker.slot] is not worker:
-                        continue
-                    try:
-                        self._replace(worker.slot)
-                    except CodeChangedError:
-                        return  # recorded in _failure: the next call raises it
-                    except Exception:
-                        logger.exception("codeferry: could not replace worker %d", worker.slot)
-
-    @contextlib.contextmanager
-    def _call(self) -> Iterator[None]:
-        if self._closed:
-            raise RuntimeError("this executor is closed")
-        with self._state:
-            if self._failure is not None:
-                raise self._failure
-            self._active += 1
-        try:
-            yield
-        finally:
-            with self._state:
-                self._active -= 1
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """As ``concurrent.futures.Executor.shutdown``: no new work; with ``cancel_futures``
+        what has not started is cancelled; with ``wait`` return once the workers stopped."""
+        self._closed = True
+        self._scheduler.shutdown(wait=wait, cancel=cancel_futures)
 
     def close(self) -> None:
-        """Stop every worker; kill those that do not stop within a few seconds."""
-        if self._closed:
+        """Stop now: what is not done fails with ``BrokenExecutorError``; workers that do not
+        stop within a few seconds are killed."""
+        if not self._scheduler.alive and self._closed:
             return
         self._closed = True
-        for worker in self._workers:
-            if worker is None:
-                continue
-            try:
-                worker.conn.send((None, "stop", None))
-            except (OSError, ValueError):
-                pass
-        deadline = time.monotonic() + 5
-        for worker in self._workers:
-            if worker is None:
-                continue
-            worker.process.join(max(0.0, deadline - time.monotonic()))
-            if worker.process.is_alive():
-                worker.process.kill()
-                worker.process.join(5)
-            worker.conn.close()
-        self._lifeline_end.close()
-        self._lifeline.close()
+        self._scheduler.shutdown(wait=True, abort=True)
 
     def __enter__(self) -> Executor:
         return self
@@ -336,177 +192,132 @@ class Executor:
 
     @property
     def pids(self) -> list[int | None]:
-        return [(w.pid or w.process.pid) if w else None for w in self._workers]
+        """Each worker's pid (``None`` while one is down); Ray actors' pids on their nodes."""
+        return self._scheduler.pids
+
+    @property
+    def workers_info(self) -> list[dict[str, Any]]:
+        """What each worker reported when it became ready (classes, node, generate path)."""
+        return self._scheduler.info()
 
     # -- scheduling -----------------------------------------------------------------------
 
-    def _replace(self, slot: int) -> None:
-        old = self._workers[slot]
-        if old is not None:
-            old.conn.close()
-            old.process.join(1)
-        self._start(slot)
-
-    def _run(self, batches: Iterable[_Batch]) -> Iterator[Outcome]:
-        with self._call():
-            yield from self._schedule(batches)
-
-    def _schedule(self, batches: Iterable[_Batch]) -> Iterator[Outcome]:
-        pending = deque(batches)
-        for worker in self._workers:
-            if worker is not None:
-                worker.queue.clear()  # replies to an abandoned iterator are ignored below
-        while pending or any(w is not None and w.queue for w in self._workers):
-            # Keep QUEUE_DEPTH batches sent to each worker: the next one is already in its
-            # pipe when the current one finishes, so the round trip hides behind compute.
-            for worker in self._workers:
-                while pending and worker is not None and len(worker.queue) < QUEUE_DEPTH:
-                    job = pending.popleft()
-                    request = next(self._requests)
-                    job.attempts += 1
-                    worker.queue.append((request, job))
-                    try:
-                        worker.conn.send((request, job.kind, pack(job.payload)))
-                    except (OSError, ValueError):
-                        break  # a dead worker: its sentinel fires below
-            watched = [w for w in self._workers if w is not None and w.queue]
-            waitables: list[Any] = []
-            for worker in watched:
-                waitables += _waitables(worker)
-            for ready in wait(waitables):
-                worker = next(w for w in watched if ready is w.conn or ready == w.process.sentinel)
-                if self._workers[worker.slot] is not worker or not worker.queue:
-                    continue  # replaced, or its pipe and sentinel were both ready: handled
-                message = None
-                if ready is worker.conn or worker.conn.poll(0):
-                    try:
-                        message = worker.conn.recv()
-                    except (EOFError, OSError):
-                        message = None
-                if message is not None and message[0] != worker.queue[0][0]:
-                    continue  # the reply to a request whose iterator was abandoned
-                failed: list[_Batch] = []
-                if message is not None:
-                    _, batch = worker.queue.popleft()
-                    if message[1] == "ok":
-                        for index, value in zip(batch.indices, message[2], strict=True):
-                            yield Outcome(index, value)
-                        continue
-                    batch.last_error = remote_error(message[2], worker.slot)
-                    failed.append(batch)
-                else:
-                    # The process died. Only the batch it was running is charged; the
-                    # ones queued behind it go back as they were.
-                    worker.process.join(1)
-                    code = worker.process.exitcode
-                    (_, batch), *queued = worker.queue
-                    worker.queue.clear()
-                    batch.last_error = WorkerError(
-                        f"worker {worker.slot} (pid {worker.pid}) died with exit code {code} "
-                        "while running a batch.", worker=worker.slot)
-                    failed.append(batch)
-                    for _, waiting in reversed(queued):
-                        waiting.attempts -= 1
-                        pending.appendleft(waiting)
-                    self._replace(worker.slot)
-                for batch in failed:
-                    # A request the worker cannot unpickle fails the same way every time.
-                    final = isinstance(batch.last_error, RequestUnpicklingError)
-                    if final or batch.attempts > self.max_retries:
-                        times = "once (not retried)" if final else f"{batch.attempts} times"
-                        failure = BatchFailedError(
-                            f"a batch of {len(batch.indices)} inputs failed {times}; "
-                            f"inputs {batch.indices}: {batch.last_error}",
-                            indices=tuple(batch.indices), inputs=tuple(batch.inputs),
-                            fix="the cause is the last attempt's error; inputs that crash the "
-                            "model can be isolated with batch_size=1.",
-                        )
-                        failure.__cause__ = batch.last_error
-                        for index in batch.indices:
-                            yield Outcome(index, error=failure)
-                    else:
-                        pending.appendleft(batch)
+    def _check_open(self) -> None:
+        if self._scheduler.failure is not None:
+            raise self._scheduler.failure
+        if self._closed:
+            raise RuntimeError("this executor is closed")
 
     def _batches(self, kind: str, inputs: Sequence[Any], extra: dict[str, Any],
-                 batch_size: int | None) -> list[_Batch]:
+                 batch_size: int | None, call: Call) -> list[Batch]:
         size = batch_size or self.batch_size
         return [
-            _Batch(kind, list(range(start, min(start + size, len(inputs)))),
-                   {"texts": list(inputs[start:start + size]), **extra},
-                   list(inputs[start:start + size]))
+            Batch(kind, list(range(start, min(start + size, len(inputs)))),
+                  {"texts": list(inputs[start:start + size]), **extra},
+                  list(inputs[start:start + size]), call)
             for start in range(0, len(inputs), size)
         ]
 
-    def _collect(self, outcomes: Iterator[Outcome], n: int) -> list[Any]:
-        results: list[Any] = [None] * n
-        failed: list[Outcome] = []
-        for outcome in outcomes:
-            if outcome.error is not None:
-                failed.append(outcome)
-            results[outcome.index] = outcome.value
-        if failed:
-            raise failed[0].error  # type: ignore[misc]
-        return results
+    def _submit(self, kind: str, inputs: Sequence[Any], extra: dict[str, Any],
+                batch_size: int | None, *, stream: bool) -> Call:
+        self._check_open()
+        call = Call(len(inputs), stream=stream)
+        self._scheduler.submit(self._batches(kind, inputs, extra, batch_size, call))
+        return call
+
+    def _iterate(self, kind: str, inputs: Sequence[Any], extra: dict[str, Any],
+                 batch_size: int | None) -> Iterator[Outcome]:
+        return self._scheduler.iterate(self._submit(kind, inputs, extra, batch_size, stream=True))
+
+    def _result(self, call: Call) -> list[Any]:
+        return call.future.result()
 
     # -- the API --------------------------------------------------------------------------
 
     def generate_iter(self, prompts: Sequence[str], *, batch_size: int | None = None,
                       **options: Any) -> Iterator[Outcome]:
-        """Generated texts as they complete (any order); see ``Outcome``."""
-        return self._run(self._batches("generate", prompts, {"options": options}, batch_size))
+        """Generated texts as they complete (any order); see ``Outcome``. Work starts at
+        once; closing the iterator early cancels what has not been sent."""
+        return self._iterate("generate", prompts, {"options": options}, batch_size)
 
     def generate(self, prompts: Sequence[str], *, batch_size: int | None = None,
                  **options: Any) -> list[str]:
         """Greedy by default (``do_sample=False``); ``options`` go to ``model.generate``."""
-        return self._collect(self.generate_iter(prompts, batch_size=batch_size, **options),
-                             len(prompts))
+        return self._result(self._submit("generate", prompts, {"options": options}, batch_size,
+                                         stream=False))
 
     def embed_iter(self, texts: Sequence[str], *, pooling: str = "mean",
                    batch_size: int | None = None) -> Iterator[Outcome]:
-        return self._run(self._batches("embed", texts, {"pooling": pooling}, batch_size))
+        return self._iterate("embed", texts, {"pooling": pooling}, batch_size)
 
     def embed(self, texts: Sequence[str], *, pooling: str = "mean",
               batch_size: int | None = None) -> list[list[float]]:
         """One vector per text: ``mean`` (attention-masked), ``cls`` or ``last`` pooling."""
-        return self._collect(self.embed_iter(texts, pooling=pooling, batch_size=batch_size),
-                             len(texts))
+        return self._result(self._submit("embed", texts, {"pooling": pooling}, batch_size,
+                                         stream=False))
 
     def score_iter(self, texts: Sequence[str], *, batch_size: int | None = None) -> Iterator[Outcome]:
-        return self._run(self._batches("score", texts, {}, batch_size))
+        return self._iterate("score", texts, {}, batch_size)
 
     def score(self, texts: Sequence[str], *, batch_size: int | None = None) -> list[dict[str, Any]]:
         """Per text: ``tokens``, ``token_logprobs`` (of each token after the first), ``logprob``."""
-        return self._collect(self.score_iter(texts, batch_size=batch_size), len(texts))
+        return self._result(self._submit("score", texts, {}, batch_size, stream=False))
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        """Run ``fn(worker, *args, **kwargs)`` on one free worker; a ``Future`` of its result.
+
+        As ``concurrent.futures.Executor.submit``, with the worker (``models``,
+        ``tokenizer``, ``classes``, ``spec``, ``generate``/``embed``/``score``) as the
+        first argument. ``fn`` must be importable by name. An exception ``fn`` raises is
+        the future's; a worker that dies running it is replaced and ``fn`` sent again,
+        up to ``max_retries`` times.
+        """
+        self._check_open()
+        call = Call(1)
+        self._scheduler.submit([Batch("rpc", [0], (fn, args, kwargs), [args], call,
+                                      final_errors=True)])
+        outer: Future[Any] = Future()
+
+        def relay(done: Future[list[Any]]) -> None:
+            if done.cancelled():
+                outer.cancel()
+            elif done.exception() is not None:
+                outer.set_exception(done.exception())
+            else:
+                outer.set_result(done.result()[0])
+
+        outer.add_done_callback(lambda f: f.cancelled() and call.future.cancel())
+        call.future.add_done_callback(relay)
+        return outer
+
+    def map(self, fn: Callable[..., Any], *iterables: Iterable[Any],
+            timeout: float | None = None, chunksize: int = 1) -> Iterator[Any]:
+        """As ``concurrent.futures.Executor.map``: ``fn(worker, *items)`` for each tuple of
+        items, results in order; ``chunksize`` is accepted for the signature, and ignored."""
+        futures = [self.submit(fn, *items) for items in zip(*iterables, strict=False)]
+
+        def results() -> Iterator[Any]:
+            try:
+                for future in futures:
+                    yield future.result(timeout=timeout)
+            finally:
+                for future in futures:
+                    future.cancel()
+
+        return results()
 
     def collective_rpc(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
         """Run ``func(worker, *args, **kwargs)`` on every worker; one result per worker.
 
         For control messages only. ``func`` must be importable by name (a module-level
         function); ``worker`` exposes ``models``, ``tokenizer``, ``classes`` and ``spec``.
+        The first worker's error is raised; a worker that dies meanwhile is a ``WorkerError``.
         """
-        results: list[Any] = []
-        with self._call():
-            for worker in self._workers:
-                assert worker is not None
-                request = next(self._requests)
-                try:
-                    worker.conn.send((request, "rpc", pack((func, args, kwargs))))
-                    reply = worker.conn.recv()
-                    while reply[0] != request:  # a reply to an abandoned iterator
-                        reply = worker.conn.recv()
-                except (EOFError, OSError):
-                    raise WorkerError(f"worker {worker.slot} (pid {worker.pid}) died during "
-                                      "collective_rpc.", worker=worker.slot) from None
-                if reply[1] == "error":
-                    raise remote_error(reply[2], worker.slot)
-                results.append(reply[2])
-        return results
-
-
-def _waitables(worker: _Worker) -> list[Any]:
-    """What signals a worker: its pipe, and its process sentinel when it has its own."""
-    sentinel = worker.process.sentinel
-    return [worker.conn] if sentinel is worker.conn else [worker.conn, sentinel]
+        self._check_open()
+        calls = [Call(1) for _ in self._scheduler.specs]
+        self._scheduler.submit([Batch("rpc", [0], (func, args, kwargs), [], call, slot=slot)
+                                for slot, call in enumerate(calls)])
+        return [call.future.result()[0] for call in calls]
 
 
 def _device_for(device: str, slot: int) -> str:

@@ -8,7 +8,7 @@ trusted to mean the code is there, and it executes only the digest the parent ch
 run code nobody decided on. It then answers one message per request on its pipe::
 
     parent -> worker   (request_id, kind, pickled payload)   kind: generate|embed|score|rpc|stop
-    worker -> parent   (request_id, "ok", result) | (request_id, "error", (blob, tb, text))
+    worker -> parent   (request_id, "ok", pickled result) | (request_id, "error", (blob, tb, text))
 
 The payload travels pickled on its own, inside the message: the worker unpickles it
 inside its error handling, so an input whose unpickling raises (or exits) becomes a
@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-__all__ = ["WorkerSpec", "worker_main", "error_payload", "remote_error", "pack"]
+__all__ = ["WorkerSpec", "error_payload", "handle", "pack", "remote_error", "unpack_reply",
+           "worker_main"]
 
 
 @dataclass(frozen=True)
@@ -292,19 +293,47 @@ def worker_main(spec: WorkerSpec, conn: Connection, parent_pid: int,
             return  # the parent closed our pipe: shut down
         if kind == "stop":
             return
-        try:
-            payload = _unpack(payload)
-            if kind == "generate":
-                result: Any = engine.generate(payload["texts"], payload["options"])
-            elif kind == "embed":
-                result = engine.embed(payload["texts"], payload["pooling"])
-            elif kind == "score":
-                result = engine.score(payload["texts"])
-            elif kind == "rpc":
-                func, args, kwargs = payload
-                result = func(engine, *args, **kwargs)
-            else:
-                raise ValueError(f"unknown request {kind!r}")
-            conn.send((request_id, "ok", result))
-        except BaseException as exc:  # noqa: BLE001 - reported, the worker lives on
-            conn.send((request_id, "error", error_payload(exc)))
+        conn.send((request_id, *handle(engine, kind, payload)))
+
+
+def handle(engine: _Engine, kind: str, payload: Any) -> tuple[str, Any]:
+    """One request: ``("ok", pickled result)`` or ``("error", error payload)``.
+
+    The result travels pickled on its own, like the request: the parent unpickles it
+    knowing which request it answers, so a result it refuses (code its lock does not
+    list) fails that request, typed, instead of the connection.
+    """
+    try:
+        payload = _unpack(payload)
+        if kind == "generate":
+            result: Any = engine.generate(payload["texts"], payload["options"])
+        elif kind == "embed":
+            result = engine.embed(payload["texts"], payload["pooling"])
+        elif kind == "score":
+            result = engine.score(payload["texts"])
+        elif kind == "rpc":
+            func, args, kwargs = payload
+            result = func(engine, *args, **kwargs)
+        else:
+            raise ValueError(f"unknown request {kind!r}")
+        return "ok", pack(result)
+    except BaseException as exc:  # noqa: BLE001 - reported, the worker lives on
+        return "error", error_payload(exc)
+
+
+def unpack_reply(status: str, body: Any, worker: int) -> tuple[bool, Any]:
+    """The parent's side of ``handle``: ``(True, result)`` or ``(False, error)``."""
+    if status != "ok":
+        return False, remote_error(body, worker)
+    try:
+        return True, pickle.loads(body)
+    except Exception as exc:  # noqa: BLE001 - typed errors (a refused ticket) pass as they are
+        from .errors import CodeferryError, WorkerError
+
+        if isinstance(exc, CodeferryError):
+            return False, exc
+        error = WorkerError(f"worker {worker}'s reply could not be unpickled here: "
+                            f"{type(exc).__name__}: {exc}", worker=worker,
+                            fix="return plain data (or objects importable here) from the worker.")
+        error.__cause__ = exc
+        return False, error

@@ -10,6 +10,7 @@ the type and the attributes.
 
 from __future__ import annotations
 
+from concurrent.futures import BrokenExecutor
 from typing import Any
 
 __all__ = [
@@ -61,6 +62,10 @@ __all__ = [
     "AssetTooLargeError",
     "OutputLockError",
     "DTypeError",
+    "BrokenExecutorError",
+    "BatchTimeoutError",
+    "ClusterError",
+    "WeightsTooLargeError",
 ]
 
 
@@ -312,6 +317,25 @@ class LockMismatchError(CodeferryError, PermissionError):
 
 class WorkerStartupError(WorkerError):
     """A worker failed its start-up handshake; the worker's traceback is the cause."""
+
+
+class BrokenExecutorError(WorkerError, BrokenExecutor):
+    """No worker is left and none can be started (every replacement failed, or no Ray node
+    can host one): every input not done yet fails with this, and so does every later call.
+    The last start-up error is the cause."""
+
+
+class BatchTimeoutError(WorkerError, TimeoutError):
+    """A batch ran past ``batch_timeout``: its worker was killed and replaced."""
+
+
+class ClusterError(WorkerError):
+    """Ray reported a failure (an actor or node died, a task raised in Ray itself); Ray's
+    own exception is the cause."""
+
+
+class WeightsTooLargeError(CodeferryError, ValueError):
+    """A Ray node lacks the model's weights and they are too large to ship from the driver."""
 
 
 class BatchFailedError(CodeferryError, RuntimeError):
