@@ -108,9 +108,10 @@ class Executor:
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
-        # Mistakes a worker would only report as an exit code: refused here, typed.
-        check_main_guard("spawn" if warm else start_method)  # the zygote is spawned
-        check_device(device)
+        if backend == "local":
+            # Mistakes a worker would only report as an exit code: refused here, typed.
+            check_main_guard("spawn" if warm else start_method)  # the zygote is spawned
+            check_device(device)  # (a Ray actor checks its own node's devices)
         dtype = dtype_name(dtype)  # torch.float16 or "float16": the name travels
         cache = None if cache_dir is None else os.fspath(cache_dir)
         bundle = resolve(model, revision=revision, cache_dir=cache)
@@ -142,10 +143,12 @@ class Executor:
         self.batch_timeout = batch_timeout
         self.warm = warm
         self.backend = backend
-        threads = threads_per_worker or max(1, (os.cpu_count() or 1) // workers)
+        cpus = (ray_resources or {}).get("num_cpus", 1) if backend == "ray" else (
+            (os.cpu_count() or 1) // workers)
+        threads = threads_per_worker or max(1, int(cpus))
         specs = [
             WorkerSpec(self.model, revision, trust_remote_code, locked,
-                       _device_for(device, slot), dtype, threads, tuple(preload), self.digest,
+                       device if backend == "ray" else _device_for(device, slot), dtype, threads, tuple(preload), self.digest,
                        cache)
             for slot in range(workers)
         ]

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._transport import Channel, Event, Transport
-from ._worker import WorkerSpec, pack
+from ._worker import WorkerSpec
 from .errors import (
     BatchFailedError,
     BatchTimeoutError,
@@ -396,7 +396,7 @@ class Scheduler:
                 else:
                     continue
                 if batch.packed is None:
-                    batch.packed = pack(batch.payload)
+                    batch.packed = self.transport.pack(batch.payload)
                 request = next(self._requests)
                 batch.attempts += 1
                 if not slot.queue:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Literal, Protocol
 
-from ._worker import WorkerSpec, remote_error, unpack_reply, worker_main
+from ._worker import WorkerSpec, pack, remote_error, unpack_reply, worker_main
 
 __all__ = ["Channel", "Event", "LocalTransport", "Post", "Transport"]
 
@@ -74,6 +74,10 @@ class Channel(Protocol):
 class Transport(Protocol):
     name: str
 
+    def pack(self, payload: Any) -> bytes:
+        """A request's payload as this kind of worker unpickles it."""
+        ...
+
     def start(self, slot: int, spec: WorkerSpec, post: Post) -> Channel:
         """Start a worker; returns at once, its handshake arrives as an event."""
         ...
@@ -85,6 +89,8 @@ class LocalTransport:
     """Worker processes on this machine: started with ``start_method``, or forked warm."""
 
     name = "local"
+    #: Another process on this machine: tickets carry digests, the store has the bytes.
+    pack = staticmethod(pack)
 
     def __init__(self, start_method: str = "spawn", *, warm: bool = False) -> None:
         self.warm = warm

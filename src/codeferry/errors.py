@@ -66,6 +66,7 @@ __all__ = [
     "BatchTimeoutError",
     "ClusterError",
     "WeightsTooLargeError",
+    "ExtraMissingError",
 ]
 
 
@@ -332,6 +333,15 @@ class BatchTimeoutError(WorkerError, TimeoutError):
 class ClusterError(WorkerError):
     """Ray reported a failure (an actor or node died, a task raised in Ray itself); Ray's
     own exception is the cause."""
+
+
+class ExtraMissingError(CodeferryError, ImportError):
+    """A feature needs an optional dependency that is not installed; ``extra`` names the
+    ``pip install 'codeferry[...]'`` extra that brings it."""
+
+    def __init__(self, message: str, *, extra: str = "", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.extra = extra
 
 
 class WeightsTooLargeError(CodeferryError, ValueError):
