@@ -28,7 +28,7 @@ def nodes() -> None:
     import ray
 
     ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
-    _print({"alive": sum(1 for n in ray.nodes() if n["Alive"])})
+    _print({"ids": [n["NodeID"] for n in ray.nodes() if n["Alive"]]})
 
 
 def _reference(model: str, kind: str, texts: list[str], **options: Any) -> list[Any]:
@@ -138,6 +138,9 @@ def actor_kill(model: str) -> None:
         before = [(i["node_ip"], i["pid"]) for i in ex.workers_info]
         victim = next(pid for ip, pid in before if ip == "10.200.0.2")
         prompts, outcomes = _slow_generate(ex, lambda: os.kill(victim, signal.SIGKILL))
+        deadline = time.monotonic() + 90
+        while (victim in ex.pids or None in ex.pids) and time.monotonic() < deadline:
+            time.sleep(0.2)  # the replacement is ready (it may be, already)
         after = [(i["node_ip"], i["pid"]) for i in ex.workers_info]
         again = ex.generate(prompts, max_new_tokens=24, batch_size=2)
     _print({"indices": sorted(o.index for o in outcomes),

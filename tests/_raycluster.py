@@ -17,6 +17,7 @@ Ray process on the machine). Needs root (namespaces, mounts).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -30,6 +31,7 @@ from typing import Any
 
 HEAD_IP, NODE2_IP, PORT = "10.200.0.1", "10.200.0.2", 6379
 ADDRESS = f"{HEAD_IP}:{PORT}"
+NODE2_TMP = "/tmp/cfr2"  # node2's own /tmp: its processes name it
 DRIVER = Path(__file__).with_name("_ray_driver.py")
 RAY = str(Path(sys.executable).with_name("ray"))
 
@@ -48,6 +50,10 @@ def missing() -> str | None:
     return None
 
 
+def python_cli() -> list[str]:
+    return [sys.executable, "-m", "codeferry"]
+
+
 def _sh(*args: str) -> None:
     subprocess.run(args, check=True, capture_output=True, text=True)
 
@@ -63,6 +69,7 @@ class Cluster:
         self.hub.mkdir()
         self.logs = root / "logs"
         self.logs.mkdir()
+        self._seen: set[str] = set()
 
     # -- namespaces -----------------------------------------------------------------------
 
@@ -121,11 +128,23 @@ class Cluster:
             start_new_session=True)
         self.wait_nodes(2)
 
-    def wait_nodes(self, count: int, timeout: float = 90) -> None:
+    def restart_node2(self) -> None:
+        """After a test killed node2's raylet: end what is left of it, start it again."""
+        if self.node2 is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.node2.pid, signal.SIGKILL)
+            self.node2.wait(10)
+        self.start_node2()
+
+    def wait_nodes(self, count: int, timeout: float = 120) -> None:
+        """Until ``count`` nodes are alive, one of them a node2 not seen before (a killed
+        node2 stays "alive" in the GCS for 12-15 s)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             out = self.driver("nodes", timeout=60, check=False)
-            if out.get("alive") == count:
+            ids = set(out.get("ids", []))
+            if len(ids) == count and ids - self._seen:
+                self._seen |= ids
                 return
             time.sleep(1)
         raise RuntimeError(f"the cluster did not reach {count} nodes: "
@@ -133,12 +152,10 @@ class Cluster:
 
     def node2_pids(self, name: str) -> list[int]:
         """Pids of node2's processes whose command line contains ``name``."""
-        assert self.node2 is not None
-        out = subprocess.run(["ps", "-eo", "pid=,sid=,args="], capture_output=True,
-                             text=True, check=True).stdout
-        sid = os.getsid(self.node2.pid)
+        out = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True,
+                             check=True).stdout
         return [int(line.split()[0]) for line in out.splitlines()
-                if int(line.split()[1]) == sid and name in line]
+                if name in line and f"={NODE2_TMP}/" in line]
 
     # -- drivers --------------------------------------------------------------------------
 

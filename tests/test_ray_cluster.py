@@ -63,3 +63,93 @@ def test_generate_embed_score_across_both_nodes_from_a_deleted_folder(
         assert str(models[kind]) not in where["model"] and "/ferry/" in where["model"]
     node2 = [w for w in out["rpc"] if w["hf"] == []]
     assert node2, "node2's environment is scrubbed: no HF_* variables"
+
+
+def test_node2_refuses_code_its_lock_does_not_list(
+    cluster: _raycluster.Cluster, models: dict[str, Path]
+) -> None:
+    out = cluster.driver("locked", str(models["plain"]), str(models["other"]))
+    assert out["error"] == "WorkerStartupError" and out["cause"] == "LockMismatchError"
+    assert _raycluster.NODE2_IP in out["text"] or "lock" in out["text"]
+
+
+def test_an_actor_sigkilled_mid_batch_is_replaced_and_nothing_is_lost(
+    cluster: _raycluster.Cluster, models: dict[str, Path]
+) -> None:
+    out = cluster.driver("actor_kill", str(models["plain"]))
+    assert out["indices"] == list(range(out["n"])) and out["errors"] == []
+    assert out["same"]
+    assert out["victim"] not in [pid for _, pid in out["after"]]
+
+
+def test_hub_weights_come_from_the_nodes_own_cache_or_are_shipped(
+    cluster: _raycluster.Cluster, tmp_path: Path
+) -> None:
+    # The head node's hub cache holds the repo; node2's (a tmpfs) does not.
+    snapshot = write_hub_model(cluster.hub, "acme/rayhub", ModelSpec(name="rayhub",
+                                                                     tokenizer=True))
+    out = cluster.driver("hub_weights", str(snapshot))
+    head, node2 = out["ferry"][_raycluster.HEAD_IP], out["ferry"][_raycluster.NODE2_IP]
+    assert head["from_node_cache"] >= 1
+    assert node2["from_node_cache"] == 0 and node2["fetched_bytes"] > 0
+    # Over the ship limit, node2 cannot get the weights: typed, with the fix.
+    env = cluster.env(CODEFERRY_RAY_SHIP_LIMIT="1")
+    snapshot = write_hub_model(cluster.hub, "acme/rayhub2", ModelSpec(name="rayhub2",
+                                                                      tokenizer=True))
+    out = cluster.driver("hub_weights", str(snapshot), env=env)
+    assert out["error"] == "WorkerStartupError" and out["cause"] == "WeightsTooLargeError"
+    assert "CODEFERRY_RAY_SHIP_LIMIT" in out["text"]
+
+
+def _write_inputs(path: Path, n: int) -> None:
+    path.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"question {i} " + "x" * (i % 7)})
+                            + "\n" for i in range(n)))
+
+
+def test_codeferry_run_backend_ray_killed_and_resumed(
+    cluster: _raycluster.Cluster, models: dict[str, Path], tmp_path: Path
+) -> None:
+    inputs, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write_inputs(inputs, 40)
+    command = ["ip", "netns", "exec", cluster.ns_a, *_raycluster.python_cli(),
+               "run", str(models["plain"]), "--input", str(inputs), "--output", str(output),
+               "--trust-remote-code", "--backend", "ray", "--address", _raycluster.ADDRESS,
+               "--max-new-tokens", "24", "--batch-size", "2"]
+    proc = subprocess.Popen(command, env=cluster.env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if output.exists() and output.read_text().count("\n") >= 6:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.stderr.read().decode()[-3000:] if proc.stderr else ""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    done_before = output.read_text().count("\n")
+    assert 6 <= done_before < 40
+    finished = subprocess.run(command, env=cluster.env(), capture_output=True, text=True,
+                              timeout=300)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    ids = [json.loads(line)["id"] for line in output.read_text().splitlines()]
+    assert sorted(ids) == sorted(f"q{i}" for i in range(40))  # each exactly once
+
+
+@pytest.mark.parametrize("pinned", ["0", "1"], ids=["finishes-on-head", "no-node-left"])
+def test_node2_dies_mid_run(cluster: _raycluster.Cluster, models: dict[str, Path],
+                            pinned: str) -> None:
+    raylets = cluster.node2_pids("raylet")
+    assert raylets, "node2's raylet is running"
+    try:
+        out = cluster.driver("node_kill", str(models["plain"]), str(raylets[0]), pinned,
+                             timeout=400)
+    finally:
+        cluster.restart_node2()
+    assert out["indices"] == list(range(out["n"]))  # every input exactly one outcome
+    if pinned == "0":
+        assert out["nodes_before"] == [_raycluster.HEAD_IP, _raycluster.NODE2_IP]
+        assert out["errors"] == [] and out["ok"] == out["n"]
+    else:
+        # Every actor needs node2: the run fails, typed, within a bounded time.
+        assert out["errors"] and set(out["errors"]) <= {"BrokenExecutorError", "BatchFailedError"}
+        assert "BrokenExecutorError" in out["broken"]
+        assert out["seconds_after_kill"] < 200

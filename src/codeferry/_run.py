@@ -689,6 +689,8 @@ def run(
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
     force_resume: bool = False,
+    backend: Literal["local", "ray"] = "local",
+    address: str | None = None,
 ) -> RunResult:
     """Run ``task`` on every input of ``input_path``; write JSONL to ``output`` (``None``:
     ``stdout``), resuming an output that already holds some ids.
@@ -698,6 +700,8 @@ def run(
     is a terminal) draws a progress bar on ``stderr``. ``force_resume`` appends to an output
     that another model, code digest or option set produced (refused otherwise). ``dtype``
     is a ``torch.dtype`` or its name; ``cache_dir`` the hub cache that holds ``model``.
+    ``backend="ray"`` runs the workers as Ray actors on the cluster at ``address`` (or
+    ``RAY_ADDRESS``); the output and its resumption are the same.
     """
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
@@ -711,7 +715,8 @@ def run(
     bundle = resolve(model, revision=revision, cache_dir=cache_dir)
     bundle.check_classes(needed_classes((task,)))
     trust, locked = _trusted(bundle, trust_remote_code, lock)
-    check_device(device)  # before the output is opened (the executor checks again)
+    if backend == "local":
+        check_device(device)  # before the output is opened (the executor checks again)
 
     path = None if output is None or str(output) == "-" else Path(output)
     sink = _Sink(path, out)
@@ -736,7 +741,8 @@ def run(
         count = max(1, min(workers, math.ceil(len(remaining) / size)))
         if result.skipped:
             bar.note(f"resuming: {result.skipped} of {result.total} already in {path}")
-        bar.message(f"starting {count} worker{'s' if count > 1 else ''} ({start_method})...")
+        how = "Ray actors" if backend == "ray" else start_method
+        bar.message(f"starting {count} worker{'s' if count > 1 else ''} ({how})...")
         try:
             if path is not None and record is not None:
                 _write_record(path, record)
@@ -745,7 +751,7 @@ def run(
                 str(bundle.source.root), workers=count, start_method=start_method,
                 device=device, dtype=dtype, trust_remote_code=trust, lock=locked,
                 revision=revision, batch_size=size, preload=(task,), digest=bundle.digest,
-                cache_dir=cache_dir,
+                cache_dir=cache_dir, backend=backend, address=address,
             )
         except BaseException:
             sink.close(discard=True)

@@ -242,7 +242,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             start_method=args.start_method, batch_size=args.batch_size,
             max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
             pooling=args.pooling, revision=args.revision, cache_dir=args.cache_dir,
-            force_resume=args.force_resume,
+            force_resume=args.force_resume, backend=args.backend, address=args.address,
         )
     except BrokenPipeError:  # `codeferry run | head`: the reader left; stop quietly
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -254,6 +254,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
 #: Every subcommand's MODEL: optional, the bundled demo when omitted (one rule for all).
 _MODEL_HELP = ("a model folder, or a repo id in the local Hugging Face cache "
                "(default: the bundled demo model")
+
+
+def _backend_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--backend", choices=["local", "ray"], default="local",
+                         help="local worker processes, or Ray actors across a cluster "
+                         "(needs `pip install 'codeferry[ray]'`)")
+    command.add_argument("--address", metavar="ADDR",
+                         help="the Ray cluster (--backend ray; default: RAY_ADDRESS, else a "
+                         "local cluster)")
 
 
 def _common_options(command: argparse.ArgumentParser) -> None:
@@ -341,6 +350,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="worker processes (default: 2, 1 on a 1-core machine; never more "
                      "than batches)")
     run.add_argument("--start-method", choices=["spawn", "forkserver", "fork"], default="spawn")
+    _backend_options(run)
     run.add_argument("--batch-size", type=int, metavar="B",
                      help="inputs per batch (default: 8, fewer to give every worker a batch)")
     run.add_argument("--max-new-tokens", type=int, metavar="K",
