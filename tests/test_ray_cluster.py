@@ -16,11 +16,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import _raycluster
 import pytest
 
 from codeferry.testing import ModelSpec, write_hub_model, write_model
-
-import _raycluster  # noqa: E402 - tests/ is on sys.path (rootdir conftest)
 
 pytestmark = pytest.mark.skipif(_raycluster.missing() is not None,
                                 reason=str(_raycluster.missing()))
