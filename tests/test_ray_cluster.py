@@ -64,6 +64,24 @@ def test_generate_embed_score_across_both_nodes_from_a_deleted_folder(
     assert node2, "node2's environment is scrubbed: no HF_* variables"
 
 
+def test_doctor_backend_ray_reports_per_node(
+    cluster: _raycluster.Cluster, models: dict[str, Path]
+) -> None:
+    command = ["ip", "netns", "exec", cluster.ns_a, *_raycluster.python_cli(), "doctor",
+               str(models["subpackage"]), "--trust-remote-code", "--backend", "ray",
+               "--address", _raycluster.ADDRESS, "--json"]
+    done = subprocess.run(command, env=cluster.env(), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["ok"] and report["start_method"] == "ray"
+    nodes = {w["checks"]["worker"]["node_ip"] for w in report["workers"]}
+    assert nodes == {_raycluster.HEAD_IP, _raycluster.NODE2_IP}
+    for worker in report["workers"]:
+        checks = worker["checks"]
+        assert checks["config_class_is_loaded_class"] and checks["models_built"]
+
+
 def test_node2_refuses_code_its_lock_does_not_list(
     cluster: _raycluster.Cluster, models: dict[str, Path]
 ) -> None:

@@ -1,7 +1,7 @@
 """``codeferry doctor``: prove, with real workers, that a model's code survives the trip.
 
 The parent loads the model, builds its config and sends it to N fresh workers of the
-chosen start method, exactly as an engine would. Each worker unpickles the config,
+chosen start method (or Ray actors, one per node where it can), exactly as an engine would. Each worker unpickles the config,
 loads every ``auto_map`` class, checks that the config's class is the one its own
 process resolves, and builds each model class from the config (random weights).
 
@@ -13,19 +13,18 @@ dying while multiprocessing unpickles its arguments (which a pool reports as a b
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
 import pickle
+import queue
 import time
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from typing import Any, Literal
 
 from ._api import load_pinned
 from ._checks import check_main_guard
 from ._lockfile import Lock, read_lock
 from ._resolve import resolve
-from ._worker import error_payload, remote_error
+from ._transport import Event, LocalTransport, Transport
+from ._worker import WorkerSpec
 from .errors import CodeferryError, RemoteTraceback, WorkerError
 
 __all__ = ["StartMethod", "WorkerReport", "DoctorReport", "doctor"]
@@ -76,43 +75,32 @@ class DoctorReport:
                 "ok": self.ok, "workers": [w.to_json() for w in self.workers]}
 
 
-def _worker(index: int, model: str, revision: str | None, lock: Lock | None,
-            config_bytes: bytes, conn: Connection, digest: str,
-            cache_dir: str | None = None) -> None:
-    """Runs in the worker. Always answers on ``conn``, with a result or the error.
+def doctor_checks(worker: Any, config_bytes: bytes) -> dict[str, Any]:
+    """Runs in each worker, after it loaded and verified the code (strictly: every class).
 
-    It loads only ``digest``, the code the parent checked (``CodeChangedError`` if the
-    folder holds other code by now).
+    The config arrives as bytes unpickled here, inside the worker's error handling, so a
+    worker that cannot materialize it reports the typed error with its traceback.
     """
-    start = time.perf_counter()
-    try:
-        if lock is not None:  # bind this worker to the lock before anything arrives
-            load_pinned(model, digest, lock=lock, revision=revision, cache_dir=cache_dir)
-        config = pickle.loads(config_bytes)
-        classes = load_pinned(model, digest, trust_remote_code=lock is None, revision=revision,
-                              cache_dir=cache_dir,
-                              lock=lock, strict=True)
-        config_cls = classes.get("AutoConfig")
-        checks: dict[str, Any] = {
-            "config_class_is_loaded_class": type(config) is config_cls,
-            "classes": sorted(classes),
-        }
-        built = []
-        for key, cls in sorted(classes.items()):
-            if key.startswith("AutoModel") and isinstance(cls, type):
-                model_obj = cls(config) if config_cls is not None else None
-                if model_obj is not None:
-                    if model_obj.config_class is not type(config):
-                        raise TypeError(f"{cls.__name__}.config_class is not the config's class")
-                    built.append(key)
-        checks["models_built"] = built
-        if config_cls is not None and type(config) is not config_cls:
-            raise TypeError("the received config is not an instance of the loaded config class")
-        conn.send(("ok", os.getpid(), time.perf_counter() - start, checks))
-    except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
-        conn.send(("error", os.getpid(), time.perf_counter() - start, error_payload(exc)))
-    finally:
-        conn.close()
+    spec = worker.spec
+    config = pickle.loads(config_bytes)
+    classes = load_pinned(spec.model, spec.digest, trust_remote_code=spec.trust_remote_code,
+                          revision=spec.revision, lock=spec.lock, strict=True,
+                          cache_dir=spec.cache_dir)
+    worker.classes = classes
+    config_cls = classes.get("AutoConfig")
+    checks: dict[str, Any] = {"config_class_is_loaded_class": type(config) is config_cls,
+                              "classes": sorted(classes)}
+    built = []
+    for key, cls in sorted(classes.items()):
+        if key.startswith("AutoModel") and isinstance(cls, type) and config_cls is not None:
+            model_obj = cls(config)
+            if model_obj.config_class is not type(config):
+                raise TypeError(f"{cls.__name__}.config_class is not the config's class")
+            built.append(key)
+    checks["models_built"] = built
+    if config_cls is not None and type(config) is not config_cls:
+        raise TypeError("the received config is not an instance of the loaded config class")
+    return checks
 
 
 def doctor(
@@ -125,69 +113,90 @@ def doctor(
     lock: Lock | str | None = None,
     timeout: float = 300.0,
     cache_dir: str | None = None,
+    backend: Literal["local", "ray"] = "local",
+    address: str | None = None,
 ) -> DoctorReport:
-    """Load ``model`` here, send its config to ``workers`` fresh processes, report each."""
+    """Load ``model`` here, send its config to ``workers`` fresh workers, report each.
+
+    The workers are the executor's own (``_transport``): local processes of
+    ``start_method``, or Ray actors (``backend="ray"``), which also report their node and
+    how the code reached it.
+    """
     from transformers import AutoConfig
 
-    check_main_guard(start_method)  # a worker would die bootstrapping, with exit code 1
+    if backend == "local":
+        check_main_guard(start_method)  # a worker would die bootstrapping, with exit code 1
     bundle = resolve(model, revision=revision, cache_dir=cache_dir)
     locked = read_lock(lock) if isinstance(lock, str) else lock
     # strict: the doctor's verdict covers every class, so one that cannot load fails it.
     load_pinned(model, bundle.digest, trust_remote_code=trust_remote_code, revision=revision,
                 lock=locked, strict=True, cache_dir=cache_dir)
     config = AutoConfig.from_pretrained(str(bundle.source.root))
-    from multiprocessing.reduction import ForkingPickler
+    transport: Transport
+    if backend == "ray":
+        from ._ray import RayTransport
 
-    config_bytes = bytes(ForkingPickler.dumps(config))
-    ctx: Any = mp.get_context(start_method)
-    procs = []
-    for index in range(workers):
-        parent_end, child_end = ctx.Pipe(duplex=False)
-        proc = ctx.Process(
-            target=_worker,
-            args=(index, str(bundle.source.root), revision, locked, config_bytes, child_end,
-                  bundle.digest, cache_dir),
-            name=f"codeferry-doctor-{index}", daemon=True,
-        )
-        proc.start()
-        child_end.close()
-        procs.append((index, proc, parent_end))
-    reports = []
+        transport = RayTransport(bundle, address=address)
+    else:
+        transport = LocalTransport(start_method)
+    spec = WorkerSpec(str(bundle.source.root), revision, locked is None and trust_remote_code,
+                      locked, "cpu", None, 1, (), bundle.digest, cache_dir, serve=False)
+    request = transport.pack((doctor_checks, (transport.pack(config),), {}))
+    events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+    channels = [transport.start(index, spec, events.put) for index in range(workers)]
+    reports = {index: WorkerReport(index) for index in range(workers)}
+    started = {index: time.perf_counter() for index in range(workers)}
     deadline = time.monotonic() + timeout
-    for index, proc, conn in procs:
-        report = WorkerReport(index, pid=proc.pid)
-        try:
-            if not conn.poll(max(0.0, deadline - time.monotonic())):
-                raise TimeoutError
-            status, pid, seconds, data = conn.recv()
-            report.pid, report.seconds = pid, seconds
-            if status == "ok":
-                report.checks = data
+    try:
+        while any(r.seconds is None and r.error is None for r in reports.values()):
+            try:
+                event = events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                for report in reports.values():
+                    if report.seconds is None and report.error is None:
+                        report.error = WorkerError(
+                            f"worker {report.worker} timed out before reporting.",
+                            worker=report.worker, fix="run again with --debug.")
+                break
+            report = reports[event.channel.slot]
+            if report.seconds is not None or report.error is not None:
+                continue
+            report.pid = event.channel.pid
+            if event.kind == "ready":
+                report.checks["worker"] = {k: v for k, v in event.body.items()
+                                           if k in ("node_ip", "node_id", "ferry")}
+                event.channel.send(0, "rpc", request)
+            elif event.kind == "reply":
+                _, ok, value = event.body
+                if ok:
+                    report.checks = {**value, **report.checks}
+                    report.seconds = time.perf_counter() - started[report.worker]
+                else:
+                    report.error = value
+            elif event.kind == "failed":
+                report.error = event.body
             else:
-                report.error = remote_error(data, index)
-        except (EOFError, OSError, TimeoutError):
-            proc.join(5)
-            how = "timed out" if proc.exitcode is None else f"died with exit code {proc.exitcode}"
-            report.error = WorkerError(
-                f"worker {index} (pid {proc.pid}) {how} before reporting.", worker=index,
-                fix="run again with --debug; a segfault or the OOM killer leaves no traceback.",
-            )
-        finally:
-            conn.close()
-            if proc.is_alive():
-                proc.kill()
-            proc.join(5)
-        reports.append(report)
-    return DoctorReport(bundle.source.name, bundle.digest, start_method, reports)
+                report.error = WorkerError(
+                    f"worker {report.worker} ({event.channel.where}) {event.body[0] if isinstance(event.body, tuple) else event.body} "
+                    "before reporting.", worker=report.worker,
+                    fix="run again with --debug; a segfault or the OOM killer leaves no traceback.")
+    finally:
+        for channel in channels:
+            channel.stop(5.0)
+        transport.close()
+    how = "ray" if backend == "ray" else start_method
+    return DoctorReport(bundle.source.name, bundle.digest, how, list(reports.values()))
 
 
 def render_doctor(report: DoctorReport) -> str:
     lines = [f"model    {report.model}", f"digest   {report.digest}",
              f"workers  {len(report.workers)} ({report.start_method})"]
     for w in report.workers:
+        node = w.checks.get("worker", {}).get("node_ip")
+        at = f" on node {node}" if node else ""
         if w.ok:
             built = ", ".join(w.checks.get("models_built", [])) or "no model classes"
-            lines.append(f"  worker {w.worker}  ok     {w.seconds or 0:.2f}s  built {built}")
+            lines.append(f"  worker {w.worker}  ok     {w.seconds or 0:.2f}s  built {built}{at}")
         else:
             err = w.error
             kind = type(err).__name__

@@ -53,6 +53,8 @@ class WorkerSpec:
     digest: str | None = None
     #: The hub cache of cross-repo references (``None``: the default cache).
     cache_dir: str | None = None
+    #: ``False``: load and verify every class strictly, build nothing (``codeferry doctor``).
+    serve: bool = True
 
 
 def _watch_parent(parent_pid: int, lifeline: Connection | None) -> None:
@@ -149,6 +151,14 @@ class _Engine:
         hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # load reports of heads a task does not use
         torch.set_num_threads(max(1, spec.threads))
         self.spec = spec
+        self.models: dict[str, Any] = {}
+        if not spec.serve:
+            # ``codeferry doctor``: the code arrives with the config, by ticket, first; a
+            # lock binds this process before anything arrives.
+            self.classes = (load_pinned(spec.model, str(spec.digest), lock=spec.lock,
+                                        revision=spec.revision, cache_dir=spec.cache_dir)
+                            if spec.lock is not None else {})
+            return
         if spec.digest is None:
             from . import load
 
@@ -163,7 +173,6 @@ class _Engine:
             fallback = self.tokenizer.eos_token or self.tokenizer.unk_token
             if fallback is not None:
                 self.tokenizer.pad_token = fallback
-        self.models: dict[str, Any] = {}
         for kind in spec.preload:
             self.model_for(kind)
 

@@ -183,7 +183,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     report = doctor(
         model, trust_remote_code=args.trust_remote_code, workers=args.workers,
         start_method=args.start_method, revision=args.revision, lock=lock,
-        cache_dir=args.cache_dir,
+        cache_dir=args.cache_dir, backend=args.backend, address=args.address,
     )
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
@@ -309,6 +309,7 @@ def _parser() -> argparse.ArgumentParser:
     doc.add_argument("--lock", metavar="FILE", help="allow exactly the code this lock file lists")
     doc.add_argument("--workers", type=int, default=2, metavar="N")
     doc.add_argument("--start-method", choices=["spawn", "forkserver", "fork"], default="spawn")
+    _backend_options(doc)
     doc.add_argument("--json", action="store_true", help="print one JSON object")
     _common_options(doc)
     doc.set_defaults(func=_cmd_doctor)
