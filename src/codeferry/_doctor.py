@@ -125,16 +125,24 @@ def doctor(
     lock: Lock | str | None = None,
     timeout: float = 300.0,
     cache_dir: str | None = None,
+    token: str | bool | None = None,
+    local_files_only: bool | None = None,
 ) -> DoctorReport:
-    """Load ``model`` here, send its config to ``workers`` fresh processes, report each."""
+    """Load ``model`` here, send its config to ``workers`` fresh processes, report each.
+
+    A repo id the cache lacks has its code downloaded first (``token``, ``local_files_only``
+    as for ``load``): the doctor loads classes and configs, never weights.
+    """
     from transformers import AutoConfig
 
     check_main_guard(start_method)  # a worker would die bootstrapping, with exit code 1
-    bundle = resolve(model, revision=revision, cache_dir=cache_dir)
+    bundle = resolve(model, revision=revision, cache_dir=cache_dir, token=token,
+                     local_files_only=local_files_only)
     locked = read_lock(lock) if isinstance(lock, str) else lock
     # strict: the doctor's verdict covers every class, so one that cannot load fails it.
     load_pinned(model, bundle.digest, trust_remote_code=trust_remote_code, revision=revision,
-                lock=locked, strict=True, cache_dir=cache_dir)
+                lock=locked, strict=True, cache_dir=cache_dir, token=token,
+                local_files_only=local_files_only, fetch="code")
     config = AutoConfig.from_pretrained(str(bundle.source.root))
     from multiprocessing.reduction import ForkingPickler
 
