@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _hub_server import FakeHub, Repo, add_commit
 
 import codeferry
-from _hub_server import FakeHub, Repo, add_commit
 from codeferry import cli
 from codeferry.errors import (
     GatedRepoError,
@@ -37,7 +37,7 @@ SPECS = {  # each commit has its own code, so that a digest tells which one was 
     "v1": ModelSpec(name="oldie"),  # a tag
     "dev": ModelSpec(name="devvy"),  # a branch
     "pinned": ModelSpec(name="pinny"),  # a commit no ref points to
-    "gated": ModelSpec(name="gatey"),
+    "gated": ModelSpec(name="gatey", tokenizer=True),
 }
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -213,6 +213,17 @@ def test_codeferry_run_downloads_the_model_for_its_workers(
     assert [row["id"] for row in rows] == [1, 2] and all("output" in row for row in rows)
     assert hub.seen("GET", WEIGHTS)
     capsys.readouterr()
+
+
+def test_the_executor_downloads_the_whole_model_with_its_token(hub: FakeHub) -> None:
+    with pytest.raises(ModelNotCachedError):
+        codeferry.Executor(GATED, token=TOKEN, local_files_only=True, trust_remote_code=True)
+    assert hub.requests == []  # refused before any request, and before any worker
+    with codeferry.Executor(GATED, workers=1, start_method="fork", trust_remote_code=True,
+                            token=TOKEN) as executor:
+        assert (Path(executor.model) / WEIGHTS).is_file()  # what the worker loaded
+        assert len(executor.generate(["hi"], max_new_tokens=2)) == 1
+    assert hub.seen("GET", WEIGHTS)
 
 
 def test_the_command_line_passes_the_token_in_a_fresh_process(hub: FakeHub, tmp_path: Path) -> None:
