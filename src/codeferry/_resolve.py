@@ -7,7 +7,8 @@ exactly the bytes that were checked, not a file read again after the check.
 
 Phases, in order:
 
-1. locate the model (``_source``) and read every ``auto_map`` (``_automap``);
+1. locate the model (``_hub``: on disk, ``_source``, after downloading a repo id the
+   cache lacks) and read every ``auto_map`` (``_automap``);
 2. from the ``auto_map`` modules, walk relative imports to every needed file, per
    *unit*: the model's own code, plus each repo a cross-repo reference names, pinned
    at the commit its revision resolves to;

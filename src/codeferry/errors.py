@@ -145,7 +145,7 @@ def _rebuild_error(cls: type[CodeferryError], message: str) -> CodeferryError:
 
 
 class ModelNotFoundError(CodeferryError, FileNotFoundError):
-    """The model is neither a folder nor a repo id present in the local hub cache."""
+    """The model is neither a folder nor a repo id found in the hub cache (or on the Hub)."""
 
 
 class ConfigNotFoundError(CodeferryError, FileNotFoundError):
