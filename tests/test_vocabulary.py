@@ -45,14 +45,14 @@ def test_code_revision_picks_the_code_and_the_other_keywords_are_accepted(
     # the code of code_revision, whatever revision says (as in transformers)
     assert codeferry.load("acme/versy", revision=second, code_revision=first,
                           **options)["AutoConfig"] is old
-    # token and local_files_only: accepted; codeferry reads this machine's files only
+    # token and local_files_only: a cached repo is read as it is, with no request either way
     same = codeferry.load("acme/versy", token="hf_not_needed", local_files_only=False, **options)
     assert same["AutoConfig"] is new
     assert codeferry.load("acme/versy", token=True, local_files_only=True,
                           **options)["AutoConfig"] is new
     with pytest.raises(TypeError, match="token must be"):
         codeferry.load("acme/versy", token=3, **options)  # type: ignore[arg-type]
-    with pytest.raises(ModelNotFoundError):  # not cached: no download, whatever the flag
+    with pytest.raises(ModelNotFoundError):  # not cached, and the session is offline
         codeferry.load("acme/absent", local_files_only=False, **options)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from . import _loader, _pickling, _policy, _transformers
 from ._automap import ClassRef
+from ._hub import Need
 from ._lockfile import Lock, read_lock
 from ._requirements import pip_name
 from ._resolve import Bundle, resolve
@@ -157,13 +158,14 @@ def load(
     any that cannot load; ``strict=True`` raises if any class cannot load. If no class
     can load at all, the error is raised.
 
-    ``cache_dir`` is the Hugging Face hub cache to find ``model`` (a repo id) and the repos
-    of cross-repo references in, as transformers' ``cache_dir``. The rest of
-    ``from_pretrained``'s vocabulary is accepted so that the same keywords can be passed
-    to both: ``code_revision`` is the revision whose code is loaded (default:
-    ``revision``), as in transformers; ``token`` and ``local_files_only`` change nothing
-    today, because codeferry reads only what is on this machine (``local_files_only`` is
-    always true in effect; a repo that is not cached raises ``ModelNotFoundError``).
+    ``from_pretrained``'s vocabulary means what it means there. ``cache_dir`` is the Hugging
+    Face hub cache to find ``model`` (a repo id) and the repos of cross-repo references in.
+    A repo id the cache lacks is downloaded whole (weights included, so that
+    ``from_pretrained`` finds them) with huggingface_hub, sending ``token`` (default:
+    ``HF_TOKEN`` or the saved login), unless ``local_files_only=True`` or ``HF_HUB_OFFLINE``
+    is set (then: ``ModelNotCachedError``). ``code_revision`` is the revision whose code
+    is loaded (default: ``revision``), as in transformers; when it differs from
+    ``revision``, only its code is downloaded.
 
     Code runs only with ``trust_remote_code=True`` or a ``lock`` (a ``Lock`` or the path
     of a lock file) that lists exactly this code; once a lock was used in a process, that
@@ -171,9 +173,11 @@ def load(
     """
     if token is not None and not isinstance(token, (str, bool)):
         raise TypeError(f"token must be a string, a bool or None, not {type(token).__name__}")
+    own_code = code_revision is None or code_revision == revision
     return _load(model, trust_remote_code=trust_remote_code,
                  revision=code_revision if code_revision is not None else revision, lock=lock,
-                 classes=classes, strict=strict, cache_dir=cache_dir)
+                 classes=classes, strict=strict, cache_dir=cache_dir, token=token,
+                 local_files_only=local_files_only, fetch="model" if own_code else "code")
 
 
 def load_pinned(model: str | os.PathLike[str], digest: str, **options: Any) -> LoadResult:
@@ -207,11 +211,15 @@ def _load(
     strict: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
     expected: str | None = None,
+    token: str | bool | None = None,
+    local_files_only: bool | None = None,
+    fetch: Need = "model",
 ) -> LoadResult:
     # What importing codeferry leaves alone, the first load installs (idempotent).
     _loader.install_finder()
     _pickling.install_cloudpickle_support()
-    bundle = resolve(model, revision=revision, cache_dir=cache_dir, requirements=False)
+    bundle = resolve(model, revision=revision, cache_dir=cache_dir, requirements=False,
+                     token=token, local_files_only=local_files_only, fetch=fetch)
     if expected is not None and bundle.digest != expected:
         raise code_changed(bundle, expected)
     refs = list(bundle.classes)

@@ -115,22 +115,28 @@ def doctor(
     cache_dir: str | None = None,
     backend: Literal["local", "ray"] = "local",
     address: str | None = None,
+    token: str | bool | None = None,
+    local_files_only: bool | None = None,
 ) -> DoctorReport:
     """Load ``model`` here, send its config to ``workers`` fresh workers, report each.
 
     The workers are the executor's own (``_transport``): local processes of
     ``start_method``, or Ray actors (``backend="ray"``), which also report their node and
-    how the code reached it.
+    how the code reached it. A repo id the cache lacks has its code downloaded first
+    (``token``, ``local_files_only`` as for ``load``): the doctor loads classes and
+    configs, never weights.
     """
     from transformers import AutoConfig
 
     if backend == "local":
         check_main_guard(start_method)  # a worker would die bootstrapping, with exit code 1
-    bundle = resolve(model, revision=revision, cache_dir=cache_dir)
+    bundle = resolve(model, revision=revision, cache_dir=cache_dir, token=token,
+                     local_files_only=local_files_only)
     locked = read_lock(lock) if isinstance(lock, str) else lock
     # strict: the doctor's verdict covers every class, so one that cannot load fails it.
     load_pinned(model, bundle.digest, trust_remote_code=trust_remote_code, revision=revision,
-                lock=locked, strict=True, cache_dir=cache_dir)
+                lock=locked, strict=True, cache_dir=cache_dir, token=token,
+                local_files_only=local_files_only, fetch="code")
     config = AutoConfig.from_pretrained(str(bundle.source.root))
     transport: Transport
     if backend == "ray":

@@ -54,7 +54,8 @@ class Executor:
     each worker, which loads and verifies the code itself.
 
     ``dtype`` is a ``torch.dtype`` or its name (``"float16"``), as for ``from_pretrained``;
-    ``cache_dir`` the hub cache that holds ``model`` (a repo id) and cross-repo code.
+    ``cache_dir`` the hub cache that holds ``model`` (a repo id) and cross-repo code; a repo
+    id it lacks is downloaded whole first (``token``, ``local_files_only`` as for ``load``).
 
     ``digest`` is the code digest the caller already checked, if any: other code found
     now raises ``CodeChangedError``. Either way, ``self.digest`` is what every worker (and
@@ -105,6 +106,8 @@ class Executor:
         backend: Backend = "local",
         address: str | None = None,
         ray_resources: dict[str, Any] | None = None,
+        token: str | bool | None = None,
+        local_files_only: bool | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
@@ -114,7 +117,8 @@ class Executor:
             check_device(device)  # (a Ray actor checks its own node's devices)
         dtype = dtype_name(dtype)  # torch.float16 or "float16": the name travels
         cache = None if cache_dir is None else os.fspath(cache_dir)
-        bundle = resolve(model, revision=revision, cache_dir=cache)
+        bundle = resolve(model, revision=revision, cache_dir=cache, token=token,
+                         local_files_only=local_files_only, fetch="model")
         if digest is not None and bundle.digest != digest:
             from ._api import code_changed
 

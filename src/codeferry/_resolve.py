@@ -7,7 +7,8 @@ exactly the bytes that were checked, not a file read again after the check.
 
 Phases, in order:
 
-1. locate the model (``_source``) and read every ``auto_map`` (``_automap``);
+1. locate the model (``_hub``: on disk, ``_source``, after downloading a repo id the
+   cache lacks) and read every ``auto_map`` (``_automap``);
 2. from the ``auto_map`` modules, walk relative imports to every needed file, per
    *unit*: the model's own code, plus each repo a cross-repo reference names, pinned
    at the commit its revision resolves to;
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import _graph
+from . import _graph, _hub
 from ._automap import AUTO_MAP_FILES, ClassRef, parse_auto_maps
 from ._requirements import (
     Requirement,
@@ -39,11 +40,12 @@ from ._requirements import (
     collect_requirements,
     missing_packages,
 )
-from ._source import ModelSource, list_files, locate, locate_repo, read_bytes
+from ._source import WEIGHT_SUFFIXES, ModelSource, list_files, read_bytes
 from .errors import (
     AbsoluteSiblingImportError,
     CodeferryError,
     ConfigNotFoundError,
+    HubRepoNotFoundError,
     ImportCycleError,
     InvalidConfigError,
     LFSPointerError,
@@ -297,10 +299,13 @@ def read_class_refs(source: ModelSource) -> list[ClassRef]:
 
 class _Resolver:
     def __init__(
-        self, source: ModelSource, cache_dir: str | os.PathLike[str] | None = None
+        self, source: ModelSource, cache_dir: str | os.PathLike[str] | None = None,
+        token: str | bool | None = None, local_files_only: bool | None = None,
     ) -> None:
         self.main = Unit(source, None, list_files(source))
         self.cache_dir = cache_dir  # where cross-repo code is looked up, like the model
+        self.token = token  # and how it is downloaded when it is not there
+        self.local_files_only = local_files_only
         self.units: dict[str | None, Unit] = {None: self.main}
         self.problems: list[CodeferryError] = []
         self.scopes: list[frozenset[str]] = []  # per problem: the modules/refs it blocks
@@ -327,7 +332,8 @@ class _Resolver:
         # ``code_revision``, which defaults to the other repo's main branch whatever
         # revision the model was asked at. We resolve ``main`` once, to a commit, and
         # record it.
-        source = locate_repo(repo, cache_dir=self.cache_dir)
+        source = _hub.locate_repo(repo, cache_dir=self.cache_dir, token=self.token,
+                                  local_files_only=self.local_files_only)
         assert source.commit is not None
         self.pins[repo] = source.commit
         unit = Unit(source, repo, list_files(source))
@@ -480,7 +486,7 @@ class _Resolver:
                 continue
             for candidate in (here + text, text):
                 if candidate in unit.files and candidate not in unit.assets:
-                    if candidate.endswith((".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack")):
+                    if candidate.endswith(WEIGHT_SUFFIXES):
                         continue  # weights are data, not code
                     # fenced, size-checked, and the bytes that get hashed: read once
                     unit.asset_data[candidate] = read_bytes(unit.source, candidate, asset=True)
@@ -493,9 +499,12 @@ class _Resolver:
         try:
             unit = self.unit_for(ref.repo)
         except ModelNotFoundError as exc:
+            why = (f"cannot be fetched ({exc.message.rstrip('.')})."
+                   if isinstance(exc, HubRepoNotFoundError)
+                   else "is not in the local Hugging Face cache.")
             self.report(MissingModuleError(
-                f"auto_map[{ref.key!r}] names {ref.reference!r}, but repo {ref.repo!r} is not "
-                "in the local Hugging Face cache.", path=where, fix=exc.fix,
+                f"auto_map[{ref.key!r}] names {ref.reference!r}, but repo {ref.repo!r} {why}",
+                path=where, fix=exc.fix,
             ), ref_scope(ref))
             return
         assert unit is not None
@@ -543,8 +552,16 @@ def resolve(
     revision: str | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     requirements: bool = True,
+    token: str | bool | None = None,
+    local_files_only: bool | None = None,
+    fetch: _hub.Need = "code",
 ) -> Bundle:
-    """Resolve ``model`` (a folder, or a repo id in the local hub cache) without executing it.
+    """Resolve ``model`` (a folder, or a repo id of the Hugging Face Hub) without executing it.
+
+    A repo id the hub cache lacks is downloaded first, unless ``HF_HUB_OFFLINE`` is set or
+    ``local_files_only=True``: ``fetch="code"`` takes every file but the weights,
+    ``fetch="model"`` everything (what loaders need). ``token`` is sent to the Hub
+    (default: ``HF_TOKEN``, or the saved login).
 
     ``requirements=False`` skips the third-party package report (installed versions come
     from scanning every installed distribution, a third of a second): loaders do not
@@ -553,13 +570,14 @@ def resolve(
     Raises a ``codeferry.errors`` error for input that cannot be analysed at all;
     everything else is reported in ``Bundle.problems``.
     """
-    source = locate(model, revision=revision, cache_dir=cache_dir)
+    source = _hub.locate(model, revision=revision, cache_dir=cache_dir, token=token,
+                         local_files_only=local_files_only, need=fetch)
     refs = read_class_refs(source)
     if cache_dir is None and source.repo_id:
         # Cross-repo code of a cached repo (also one given as its snapshot folder, as
         # workers get it) comes from the cache that holds it.
         cache_dir = source.fence.parent
-    resolver = _Resolver(source, cache_dir)
+    resolver = _Resolver(source, cache_dir, token, local_files_only)
     for ref in refs:
         resolver.add_class(ref)
 

@@ -685,6 +685,8 @@ def run(
     pooling: str | None = None,
     revision: str | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
+    token: str | bool | None = None,
+    local_files_only: bool | None = None,
     progress: bool | None = None,
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
@@ -699,7 +701,9 @@ def run(
     no more workers start than there are batches. ``progress`` (default: whether ``stderr``
     is a terminal) draws a progress bar on ``stderr``. ``force_resume`` appends to an output
     that another model, code digest or option set produced (refused otherwise). ``dtype``
-    is a ``torch.dtype`` or its name; ``cache_dir`` the hub cache that holds ``model``.
+    is a ``torch.dtype`` or its name; ``cache_dir`` the hub cache that holds ``model``, a
+    repo id it lacks being downloaded whole first (``token``, ``local_files_only`` as for
+    ``load``).
     ``backend="ray"`` runs the workers as Ray actors on the cluster at ``address`` (or
     ``RAY_ADDRESS``); the output and its resumption are the same.
     """
@@ -712,7 +716,8 @@ def run(
     show = err.isatty() if progress is None else progress
     items = read_inputs(input_path, task)
     dtype = dtype_name(dtype)  # recorded as its name: torch.float16 and "float16" agree
-    bundle = resolve(model, revision=revision, cache_dir=cache_dir)
+    bundle = resolve(model, revision=revision, cache_dir=cache_dir, token=token,
+                     local_files_only=local_files_only, fetch="model")
     bundle.check_classes(needed_classes((task,)))
     trust, locked = _trusted(bundle, trust_remote_code, lock)
     if backend == "local":

@@ -1,6 +1,7 @@
 """Where a model's files are: a local folder, or a repo in the local Hugging Face cache.
 
-No network, ever: a repo id is looked up in the hub cache as it is on disk::
+No network here: a repo id is looked up in the hub cache as it is on disk (``_hub``
+downloads what the cache lacks, then asks here again)::
 
     $HF_HUB_CACHE/                       (default $HF_HOME/hub, ~/.cache/huggingface/hub)
       models--org--name/
@@ -37,8 +38,8 @@ from .errors import (
 )
 
 __all__ = [
-    "ModelSource", "hub_cache_dir", "locate", "locate_repo", "list_files", "read_bytes",
-    "snapshot_source",
+    "WEIGHT_SUFFIXES", "ModelSource", "hub_cache_dir", "locate", "locate_repo", "list_files",
+    "read_bytes", "repo_id_of", "snapshot_source",
 ]
 
 #: Far above any real modeling file (the largest on the hub are a few hundred KB).
@@ -46,6 +47,8 @@ MAX_SOURCE_BYTES = 8 * 1024 * 1024
 #: Data files the code names (``tokenizer.json``, vocabularies, tables) are not source:
 #: Llama-3's tokenizer.json is 9 MB. They get their own, much larger limit.
 MAX_ASSET_BYTES = 1024 * 1024 * 1024
+#: Weights are data, never code or an asset of it: not hashed, and not fetched for the code.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack")
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _SKIP_DIRS = frozenset({"__pycache__", ".git", ".cache", ".hf", ".ipynb_checkpoints"})
@@ -137,15 +140,21 @@ def locate(
             if (outer := snapshot_source(above)) is not None:
                 return ModelSource(root, outer.fence)
         return ModelSource(root, root)
+    return locate_repo(repo_id_of(model), revision=revision, cache_dir=cache_dir)
+
+
+def repo_id_of(model: str | os.PathLike[str]) -> str:
+    """``model``, which is not a folder, as a repo id; ``ModelNotFoundError`` if it is a path."""
     text = os.fspath(model)
+    path = Path(text).expanduser()
     looks_like_path = path.is_absolute() or text.startswith(".") or path.exists() or text.count("/") > 1
     if looks_like_path or not text:
         raise ModelNotFoundError(
             f"model folder {text!r} does not exist" + (" (it is a file)" if path.is_file() else "") + ".",
             path=text,
-            fix="pass a folder that holds config.json, or a repo id from the local Hugging Face cache.",
+            fix="pass a folder that holds config.json, or a repo id of the Hugging Face Hub.",
         )
-    return locate_repo(text, revision=revision, cache_dir=cache_dir)
+    return text
 
 
 def snapshot_source(root: Path) -> ModelSource | None:

@@ -118,7 +118,8 @@ def _demo() -> str:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    bundle = resolve(args.model or _demo(), revision=args.revision, cache_dir=args.cache_dir)
+    bundle = resolve(args.model or _demo(), revision=args.revision, cache_dir=args.cache_dir,
+                     token=args.token, local_files_only=args.local_files_only)
     if args.graph:
         _write_graph(Path(args.graph), render_dot(bundle))
     if args.json:
@@ -131,7 +132,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_lock(args: argparse.Namespace) -> int:
     from ._lockfile import Lock
 
-    bundle = resolve(args.model or _demo(), revision=args.revision, cache_dir=args.cache_dir)
+    bundle = resolve(args.model or _demo(), revision=args.revision, cache_dir=args.cache_dir,
+                     token=args.token, local_files_only=args.local_files_only)
     bundle.check_classes()  # refused only when no class can load
     for ref in bundle.classes:
         for problem in bundle.problems_for(ref)[:1]:
@@ -150,7 +152,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
     lock = read_lock(args.lock)
     model = args.model or _demo()
-    bundle = resolve(model, revision=args.revision, cache_dir=args.cache_dir)
+    bundle = resolve(model, revision=args.revision, cache_dir=args.cache_dir, token=args.token, local_files_only=args.local_files_only)
     diff = lock.diff(bundle)
     if bundle.digest == lock.digest:
         print(f"ok: {bundle.source.name} matches {args.lock} ({lock.digest})")
@@ -177,13 +179,14 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         from ._lockfile import Lock
         from ._run import DEMO_DIGEST
 
-        bundle = resolve(model, revision=args.revision, cache_dir=args.cache_dir)
+        bundle = resolve(model, revision=args.revision, cache_dir=args.cache_dir, token=args.token, local_files_only=args.local_files_only)
         if bundle.digest == DEMO_DIGEST:  # the bundled demo: trusted as exactly its code, like run
             lock = Lock.from_bundle(bundle)
     report = doctor(
         model, trust_remote_code=args.trust_remote_code, workers=args.workers,
         start_method=args.start_method, revision=args.revision, lock=lock,
         cache_dir=args.cache_dir, backend=args.backend, address=args.address,
+        token=args.token, local_files_only=args.local_files_only,
     )
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
@@ -193,7 +196,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
-    from ._audit import CATEGORIES, audit, render_audit
+    from ._audit import CATEGORIES, audit_bundle, render_audit
 
     fail_on = [c.strip() for text in args.fail_on for c in text.split(",") if c.strip()]
     unknown = sorted(set(fail_on) - set(CATEGORIES))
@@ -202,7 +205,8 @@ def _cmd_audit(args: argparse.Namespace) -> int:
             f"--fail-on: unknown categor{'ies' if len(unknown) > 1 else 'y'} "
             f"{', '.join(map(repr, unknown))}; valid: {', '.join(CATEGORIES)}"
         )
-    report = audit(args.model or _demo(), revision=args.revision, cache_dir=args.cache_dir)
+    report = audit_bundle(resolve(args.model or _demo(), revision=args.revision,
+                                  cache_dir=args.cache_dir, token=args.token, local_files_only=args.local_files_only))
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:
@@ -243,6 +247,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
             pooling=args.pooling, revision=args.revision, cache_dir=args.cache_dir,
             force_resume=args.force_resume, backend=args.backend, address=args.address,
+            token=args.token, local_files_only=args.local_files_only,
         )
     except BrokenPipeError:  # `codeferry run | head`: the reader left; stop quietly
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -252,8 +257,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 #: Every subcommand's MODEL: optional, the bundled demo when omitted (one rule for all).
-_MODEL_HELP = ("a model folder, or a repo id in the local Hugging Face cache "
-               "(default: the bundled demo model")
+_MODEL_HELP = ("a model folder, or a repo id of the Hugging Face Hub, downloaded unless "
+               "cached or HF_HUB_OFFLINE=1 (default: the bundled demo model")
 
 
 def _backend_options(command: argparse.ArgumentParser) -> None:
@@ -267,10 +272,15 @@ def _backend_options(command: argparse.ArgumentParser) -> None:
 
 def _common_options(command: argparse.ArgumentParser) -> None:
     """Options every subcommand takes. ``--debug`` is also accepted before the command."""
-    command.add_argument("--revision", help="branch, tag or commit of a cached repo (default: main)")
+    command.add_argument("--revision", help="branch, tag or commit of a repo (default: main)")
     command.add_argument("--cache-dir", metavar="DIR",
                          help="the Hugging Face hub cache that holds MODEL (default: $HF_HUB_CACHE, "
                          "else $HF_HOME/hub, else $XDG_CACHE_HOME or ~/.cache, /huggingface/hub)")
+    command.add_argument("--token", metavar="TOKEN",
+                         help="Hugging Face token for a gated or private MODEL (default: $HF_TOKEN, "
+                         "else the saved login)")
+    command.add_argument("--local-files-only", action="store_true",
+                         help="never download: MODEL must be in the hub cache already")
     command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                          help="show tracebacks")
 

@@ -67,6 +67,11 @@ __all__ = [
     "ClusterError",
     "WeightsTooLargeError",
     "ExtraMissingError",
+    "ModelNotCachedError",
+    "HubRepoNotFoundError",
+    "HubRevisionNotFoundError",
+    "GatedRepoError",
+    "HubDownloadError",
 ]
 
 
@@ -146,7 +151,7 @@ def _rebuild_error(cls: type[CodeferryError], message: str) -> CodeferryError:
 
 
 class ModelNotFoundError(CodeferryError, FileNotFoundError):
-    """The model is neither a folder nor a repo id present in the local hub cache."""
+    """The model is neither a folder nor a repo id found in the hub cache (or on the Hub)."""
 
 
 class ConfigNotFoundError(CodeferryError, FileNotFoundError):
@@ -326,7 +331,7 @@ class BrokenExecutorError(WorkerError, BrokenExecutor):
     The last start-up error is the cause."""
 
 
-class BatchTimeoutError(WorkerError, TimeoutError):
+class BatchTimeoutError(WorkerError):
     """A batch ran past ``batch_timeout``: its worker was killed and replaced."""
 
 
@@ -571,3 +576,51 @@ class DTypeError(CodeferryError, ValueError):
     def __init__(self, message: str, *, dtype: str | None = None, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.dtype = dtype
+
+
+# -- the Hugging Face Hub -------------------------------------------------------------
+
+
+class _HubError(CodeferryError):
+    """An error about a repo of the Hub: ``repo_id`` names it, ``revision`` what was asked for."""
+
+    def __init__(
+        self, message: str, *, repo_id: str | None = None, revision: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.repo_id = repo_id
+        self.revision = revision
+
+
+class ModelNotCachedError(_HubError, ModelNotFoundError):
+    """A repo id the local cache lacks (or holds in part), and downloading is off.
+
+    Off: ``HF_HUB_OFFLINE=1`` (or ``TRANSFORMERS_OFFLINE=1``), or ``local_files_only=True``.
+    ``missing`` lists the files a partly cached snapshot lacks (empty: none of it is cached).
+    """
+
+    def __init__(self, message: str, *, missing: tuple[str, ...] = (), **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.missing = missing
+
+
+class HubRepoNotFoundError(_HubError, ModelNotFoundError):
+    """The Hub has no such repo, or it is private and no token with access to it was sent."""
+
+
+class HubRevisionNotFoundError(_HubError, ModelNotFoundError):
+    """The repo is on the Hub, but has no such branch, tag or commit."""
+
+
+class GatedRepoError(_HubError, PermissionError):
+    """The repo is gated, or the token sent was refused: its files need a token with access."""
+
+
+class HubDownloadError(_HubError, ConnectionError):
+    """The Hub could not be reached, or answered with an error, or a download was cut short.
+
+    huggingface_hub writes each file to a temporary file and renames it into place, so
+    nothing half-written is in the cache: running the same call again downloads what is
+    missing.
+    """

@@ -1,0 +1,246 @@
+"""Repo ids the cache lacks are downloaded with huggingface_hub's real client, from a real server.
+
+The server (``_hub_server.FakeHub``) answers on 127.0.0.1 as huggingface.co does;
+``HF_ENDPOINT`` points at it. The session is offline (conftest sets ``HF_HUB_OFFLINE=1``,
+which huggingface_hub read at import): each test here unsets it, and codeferry must read
+the environment as it is at call time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _hub_server import FakeHub, Repo, add_commit
+
+import codeferry
+from codeferry import cli
+from codeferry.errors import (
+    GatedRepoError,
+    HubDownloadError,
+    HubRepoNotFoundError,
+    HubRevisionNotFoundError,
+    ModelNotCachedError,
+    ModelNotFoundError,
+)
+from codeferry.testing import ModelSpec, write_model
+
+REPO, GATED, TOKEN = "acme/remote", "acme/gated", "hf_open_sesame"
+WEIGHTS = "model.safetensors"
+SPECS = {  # each commit has its own code, so that a digest tells which one was fetched
+    "main": ModelSpec(name="hubby", tokenizer=True),
+    "v1": ModelSpec(name="oldie"),  # a tag
+    "dev": ModelSpec(name="devvy"),  # a branch
+    "pinned": ModelSpec(name="pinny"),  # a commit no ref points to
+    "gated": ModelSpec(name="gatey", tokenizer=True),
+}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each spec as a plain local folder: what the Hub serves, and what a digest should be."""
+    root = tmp_path_factory.mktemp("served")
+    return {key: write_model(root / key, spec) for key, spec in SPECS.items()}
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def served(folders: dict[str, Path]) -> dict[str, Repo]:
+    """What the Hub holds: REPO's main, tag v1, branch dev and an unnamed commit; GATED."""
+    repos: dict[str, Repo] = {}
+    for key in ("main", "v1", "dev"):
+        add_commit(repos, REPO, _files(folders[key]), key)
+    add_commit(repos, REPO, _files(folders["pinned"]))
+    add_commit(repos, GATED, _files(folders["gated"]), "main")
+    repos[GATED].token = TOKEN
+    return repos
+
+
+@pytest.fixture
+def hub(served: dict[str, Repo], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
+    """A running Hub serving the repos, and this process online with an empty cache."""
+    server = FakeHub(served)
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    yield server
+    server.stop()
+
+
+def _sha(served: dict[str, Repo], ref: str) -> str:
+    return served[REPO].refs[ref]
+
+
+def _snapshot(tmp_path: Path, repo: str, sha: str) -> Path:
+    return tmp_path / "hub" / ("models--" + repo.replace("/", "--")) / "snapshots" / sha
+
+
+def test_inspect_fetches_the_code_and_configs_but_no_weights(
+    hub: FakeHub, folders: dict[str, Path], served: dict[str, Repo], tmp_path: Path
+) -> None:
+    bundle = codeferry.resolve(REPO)
+    assert bundle.source.commit == _sha(served, "main")
+    assert bundle.digest == codeferry.resolve(folders["main"]).digest
+    snapshot = _snapshot(tmp_path, REPO, _sha(served, "main"))
+    assert {"config.json", "modeling_hubby.py", "tokenizer_config.json", "vocab.json"} <= {
+        p.name for p in snapshot.iterdir()}
+    assert not (snapshot / WEIGHTS).exists()
+    assert hub.seen(suffix=WEIGHTS) == []  # not even a HEAD
+    before = len(hub.requests)
+    assert codeferry.resolve(REPO).digest == bundle.digest  # cached now: no request at all
+    assert len(hub.requests) == before
+
+
+def test_load_downloads_the_whole_model_and_its_classes_load(
+    hub: FakeHub, folders: dict[str, Path], served: dict[str, Repo], tmp_path: Path
+) -> None:
+    codeferry.resolve(REPO)  # the code only, as inspect leaves it: load completes it
+    classes = codeferry.load(REPO, trust_remote_code=True)
+    snapshot = _snapshot(tmp_path, REPO, _sha(served, "main"))
+    assert (snapshot / WEIGHTS).read_bytes() == (folders["main"] / WEIGHTS).read_bytes()
+    assert hub.seen("GET", WEIGHTS)
+    model = classes["AutoModelForCausalLM"].from_pretrained(str(snapshot))
+    assert type(model).__name__ == "HubbyForCausalLM"
+
+
+@pytest.mark.parametrize("revision", ["dev", "v1", "pinned"], ids=["branch", "tag", "commit"])
+def test_a_revision_is_fetched_at_the_commit_it_names(
+    revision: str, hub: FakeHub, folders: dict[str, Path], served: dict[str, Repo],
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    repo = served[REPO]
+    sha = repo.refs.get(revision) or next(
+        s for s in repo.commits if s not in repo.refs.values())
+    asked = sha if revision == "pinned" else revision
+    bundle = codeferry.resolve(REPO, revision=asked)
+    assert bundle.source.commit == sha
+    assert bundle.digest == codeferry.resolve(folders[revision]).digest
+    refs = tmp_path / "hub" / "models--acme--remote" / "refs"
+    named = sorted(p.name for p in refs.iterdir()) if refs.is_dir() else []
+    assert named == ([] if revision == "pinned" else [revision])
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # cached now: found offline, without a request
+    before = len(hub.requests)
+    assert codeferry.resolve(REPO, revision=asked).digest == bundle.digest
+    assert len(hub.requests) == before
+
+
+def test_a_gated_repo_needs_a_token(
+    hub: FakeHub, folders: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(GatedRepoError) as info:
+        codeferry.resolve(GATED)
+    assert isinstance(info.value, PermissionError) and info.value.repo_id == GATED
+    assert "HF_TOKEN" in str(info.value) and "--token" in str(info.value)
+    with pytest.raises(GatedRepoError):
+        codeferry.resolve(GATED, token="hf_wrong")  # 403: a token without access
+    expected = codeferry.resolve(folders["gated"]).digest
+    assert codeferry.resolve(GATED, token=TOKEN).digest == expected
+    sent = {auth for _, path, auth in hub.requests if "/resolve/" in path}
+    assert sent == {None, "Bearer hf_wrong", f"Bearer {TOKEN}"}
+    monkeypatch.setenv("HF_TOKEN", TOKEN)  # the environment's token, read at call time
+    assert codeferry.resolve(GATED, cache_dir=tmp_path / "other").digest == expected
+
+
+def test_a_repo_or_revision_the_hub_lacks_is_typed(hub: FakeHub) -> None:
+    with pytest.raises(HubRepoNotFoundError) as info:
+        codeferry.resolve("acme/nothing")
+    assert isinstance(info.value, ModelNotFoundError) and info.value.fix
+    with pytest.raises(HubRevisionNotFoundError) as revision:
+        codeferry.resolve(REPO, revision="no-such-branch")
+    assert revision.value.revision == "no-such-branch"
+
+
+def test_a_download_cut_short_leaves_nothing_half_written(
+    hub: FakeHub, served: dict[str, Repo], folders: dict[str, Path], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    hub.die_during(WEIGHTS)
+    with pytest.raises(HubDownloadError) as info:
+        codeferry.load(REPO, trust_remote_code=True)
+    assert isinstance(info.value, ConnectionError) and not hub.alive
+    cache = tmp_path / "hub"
+    assert not (_snapshot(tmp_path, REPO, _sha(served, "main")) / WEIGHTS).exists()
+    assert [p for p in cache.rglob("*") if ".incomplete" in p.name] == []
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # what is cached is not taken for the model
+    with pytest.raises(ModelNotCachedError) as offline:
+        codeferry.load(REPO, trust_remote_code=True)
+    assert offline.value.missing == (WEIGHTS,)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    again = FakeHub(served)  # the Hub is back, on another port
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", again.url)
+        codeferry.load(REPO, trust_remote_code=True)
+        weights = _snapshot(tmp_path, REPO, _sha(served, "main")) / WEIGHTS
+        assert weights.read_bytes() == (folders["main"] / WEIGHTS).read_bytes()
+        assert again.seen("GET", WEIGHTS) and not again.seen("GET", "config.json")  # the rest kept
+    finally:
+        again.stop()
+
+
+def test_offline_no_request_reaches_the_hub(hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ModelNotCachedError) as info:
+        codeferry.resolve(REPO, local_files_only=True)
+    assert "local_files_only" in str(info.value)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for call in (lambda: codeferry.resolve(REPO), lambda: codeferry.load(REPO)):
+        with pytest.raises(ModelNotCachedError) as info:
+            call()
+        assert "HF_HUB_OFFLINE" in str(info.value) and info.value.missing == ()
+    assert cli.main(["inspect", REPO]) == 2
+    assert hub.requests == []
+
+
+def test_codeferry_run_downloads_the_model_for_its_workers(
+    hub: FakeHub, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello\nworld\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    assert cli.main(["run", REPO, "--input", str(prompts), "-o", str(out), "--trust-remote-code",
+                     "--workers", "1", "--start-method", "fork", "--max-new-tokens", "2"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [row["id"] for row in rows] == [1, 2] and all("output" in row for row in rows)
+    assert hub.seen("GET", WEIGHTS)
+    capsys.readouterr()
+
+
+def test_the_executor_downloads_the_whole_model_with_its_token(hub: FakeHub) -> None:
+    with pytest.raises(ModelNotCachedError):
+        codeferry.Executor(GATED, token=TOKEN, local_files_only=True, trust_remote_code=True)
+    assert hub.requests == []  # refused before any request, and before any worker
+    with codeferry.Executor(GATED, workers=1, start_method="fork", trust_remote_code=True,
+                            token=TOKEN) as executor:
+        assert (Path(executor.model) / WEIGHTS).is_file()  # what the worker loaded
+        assert len(executor.generate(["hi"], max_new_tokens=2)) == 1
+    assert hub.seen("GET", WEIGHTS)
+
+
+def test_the_command_line_passes_the_token_in_a_fresh_process(hub: FakeHub, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HF_HUB_OFFLINE", "HF_HUB_CACHE", "HF_TOKEN")}
+    env.update(PYTHONPATH=str(ROOT / "src"), HF_ENDPOINT=hub.url)
+    base = [sys.executable, "-m", "codeferry", "inspect", GATED, "--json",
+            "--cache-dir", str(tmp_path / "fresh")]
+
+    def cli_run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*base, *extra], env=env, capture_output=True, text=True,
+                              timeout=300)
+
+    refused = cli_run()
+    assert refused.returncode == 1 and "gated" in refused.stderr, refused.stderr
+    local = cli_run("--local-files-only")
+    assert local.returncode == 2 and "local_files_only" in local.stderr, local.stderr
+    done = cli_run("--token", TOKEN)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["classes"]
