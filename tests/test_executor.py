@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +17,13 @@ from typing import Any
 import pytest
 
 import codeferry
-from codeferry.errors import BatchFailedError, TrustRequiredError, WorkerStartupError
+from codeferry.errors import (
+    BatchFailedError,
+    BatchTimeoutError,
+    BrokenExecutorError,
+    TrustRequiredError,
+    WorkerStartupError,
+)
 from codeferry.testing import ModelSpec, write_model
 
 CRASHING_FORWARD = '''
@@ -43,6 +51,10 @@ def _maybe_crash(input_ids):
         _os._exit(3)
     if kind == "kill":
         _os.kill(_os.getpid(), 9)
+    if kind == "hang":
+        import time as _time
+
+        _time.sleep(3600)
     if kind == "segv":
         import ctypes
 
@@ -275,3 +287,90 @@ def test_tokenizers_that_return_token_type_ids_work_with_causal_lms(tmp_path: Pa
         assert len(ex.generate(["abc", "hello there"], max_new_tokens=2)) == 2
         assert len(ex.score(["abc"])[0]["token_logprobs"]) == 2
         assert len(ex.embed(["abc"])[0]) == 32
+
+
+def test_many_threads_and_open_iterators_share_one_executor(
+    executor: codeferry.Executor, plan: Path
+) -> None:
+    """Callers in several threads, an iterator left open, collective_rpc meanwhile: every
+    input still gets exactly one outcome (the scheduler's manager thread owns them all)."""
+    set_plan(plan, None, 0, 0)
+    expected = executor.generate(PROMPTS, max_new_tokens=3)
+    opened = executor.generate_iter(PROMPTS, max_new_tokens=3)
+    first = next(opened)  # left open while the others run
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: executor.generate(PROMPTS, max_new_tokens=3), range(4)))
+        pids = executor.collective_rpc(worker_pid)
+    assert results == [expected] * 4 and len(set(pids)) == 2
+    rest = list(opened)
+    assert sorted(o.index for o in [first, *rest]) == list(range(len(PROMPTS)))
+    assert {o.index: o.value for o in [first, *rest]} == dict(enumerate(expected))
+    abandoned = executor.generate_iter(PROMPTS * 4, max_new_tokens=3)
+    next(abandoned)
+    abandoned.close()  # what was not sent is dropped; the executor goes on
+    assert executor.generate(PROMPTS, max_new_tokens=3) == expected
+
+
+def test_futures_submit_map_and_shutdown(tmp_path: Path) -> None:
+    path = write_model(tmp_path / "m", ModelSpec(name="futs", tokenizer=True))
+    ex = codeferry.Executor(path, workers=1, start_method="fork", trust_remote_code=True)
+    with ex:
+        future = ex.submit(worker_pid)
+        assert isinstance(future, concurrent.futures.Future)
+        assert future.result(timeout=60) == ex.pids[0]
+        assert list(ex.map(plus, range(5), range(10, 15))) == [10, 12, 14, 16, 18]
+        failing = ex.submit(raise_value_error, "from the worker")
+        with pytest.raises(ValueError, match="from the worker"):
+            failing.result(timeout=60)
+        queued = [ex.submit(worker_pid) for _ in range(20)]
+        ex.shutdown(wait=True, cancel_futures=True)
+    assert all(f.done() for f in queued)
+    assert any(f.cancelled() for f in queued)  # the ones not started
+    assert all(f.result() == f.result() for f in queued if not f.cancelled())
+    with pytest.raises(RuntimeError, match="shut down|closed"):
+        ex.submit(worker_pid)
+
+
+def plus(worker: Any, a: int, b: int) -> int:
+    return a + b
+
+
+def raise_value_error(worker: Any, text: str) -> None:
+    raise ValueError(text)
+
+
+def test_a_hung_batch_is_killed_retried_then_failed_typed(tmp_path: Path, plan: Path) -> None:
+    path = crash_model(tmp_path)
+    with codeferry.Executor(path, workers=1, start_method="fork", trust_remote_code=True,
+                            batch_size=2, max_retries=1, batch_timeout=3) as ex:
+        set_plan(plan, "hang", 99, z_token(ex))
+        started = time.monotonic()
+        outcomes = list(ex.generate_iter(PROMPTS, max_new_tokens=3))
+        assert time.monotonic() - started < 60  # never hangs the caller
+        failed = [o for o in outcomes if o.error is not None]
+        assert sorted(o.index for o in outcomes) == list(range(len(PROMPTS)))
+        assert {o.index for o in failed} == {2, 3}
+        error = failed[0].error
+        assert isinstance(error, BatchFailedError) and "zzz crash here" in error.inputs
+        assert isinstance(error.__cause__, BatchTimeoutError)
+        set_plan(plan, "hang", 1, z_token(ex))  # hangs once: the retry succeeds
+        assert all(isinstance(t, str) for t in ex.generate(PROMPTS, max_new_tokens=3))
+    set_plan(plan, None, 0, 0)
+
+
+def test_a_worker_that_cannot_be_replaced_breaks_the_executor_typed(tmp_path: Path) -> None:
+    path = write_model(tmp_path / "m", ModelSpec(name="brk", tokenizer=True))
+    ex = codeferry.Executor(path, workers=1, start_method="fork", trust_remote_code=True,
+                            max_retries=1)
+    with ex:
+        shutil.rmtree(path)  # every replacement now fails to start
+        pid = ex.pids[0]
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while ex._scheduler.failure is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with pytest.raises(BrokenExecutorError) as info:
+            ex.generate(["hello"])
+        assert isinstance(info.value, concurrent.futures.BrokenExecutor)
+        assert isinstance(info.value.__cause__, WorkerStartupError)
