@@ -31,11 +31,12 @@ def nodes() -> None:
     _print({"ids": [n["NodeID"] for n in ray.nodes() if n["Alive"]]})
 
 
-def _reference(model: str, kind: str, texts: list[str], **options: Any) -> list[Any]:
+def _reference(model: str, kind: str, texts: list[str], cache_dir: str | None = None,
+               **options: Any) -> list[Any]:
     """What a worker computes, computed here, in this process, one text at a time."""
     from codeferry._worker import WorkerSpec, _Engine
 
-    engine = _Engine(WorkerSpec(model, None, True, None, "cpu", None, 1, (), None, None))
+    engine = _Engine(WorkerSpec(model, None, True, None, "cpu", None, 1, (), None, cache_dir))
     if kind == "generate":
         return [engine.generate([t], {"max_new_tokens": 4, **options})[0] for t in texts]
     if kind == "embed":
@@ -60,23 +61,33 @@ def _vanishing(model: str) -> str:
     return str(copy)
 
 
-def across(model: str) -> None:
-    """generate/embed/score on 2 actors spread over the 2 nodes; the folder is gone."""
+def across(model: str, cache_dir: str = "") -> None:
+    """generate/embed/score on 2 actors spread over the 2 nodes; the folder is gone.
+    ``cache_dir``: the hub cache of the cross-repo code the model names, if any."""
     import codeferry
 
-    expected = {kind: _reference(model, kind, PROMPTS) for kind in ("generate", "embed", "score")}
+    cache = cache_dir or None
+    expected = {kind: _reference(model, kind, PROMPTS, cache)
+                for kind in ("generate", "embed", "score")}
     shipped = _vanishing(model)
     with codeferry.Executor(shipped, backend="ray", workers=2, trust_remote_code=True,
-                            preload=("generate", "embed"), batch_size=3) as ex:
+                            preload=("generate", "embed"), batch_size=3, cache_dir=cache) as ex:
         assert not Path(shipped).exists()
         got = {"generate": ex.generate(PROMPTS, max_new_tokens=4),
                "embed": ex.embed(PROMPTS), "score": ex.score(PROMPTS)}
         info = ex.workers_info
         per_node = ex.collective_rpc(_where)
+        heads = ex.collective_rpc(_cross_repo_head)
     same = {kind: _close(got[kind], expected[kind]) for kind in got}
     _print({"same": same, "nodes": sorted({i["node_ip"] for i in info}),
             "ferry": [i["ferry"] for i in info], "classes": info[0]["classes"],
-            "rpc": per_node})
+            "rpc": per_node, "cross_repo_heads": heads})
+
+
+def _cross_repo_head(worker: Any) -> str | None:
+    """The other repo's head class, loaded on this node from the code the driver sent."""
+    cls = worker.classes.get("AutoModelForSequenceClassification")
+    return None if cls is None else f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _where(worker: Any) -> dict[str, Any]:

@@ -47,14 +47,18 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "subpackage": write_model(root / "sub", ModelSpec(name="raysub", tokenizer=True,
                                                           helpers=("subpackage",))),
         "other": write_model(root / "other", ModelSpec(name="rayother", tokenizer=True)),
+        "cross_hub": root / "cross-hub",
+        "cross_repo": write_hub_model(root / "cross-hub", "acme/raycross", ModelSpec(
+            name="raycross", tokenizer=True, cross_repo="org/rayshared")),
     }
 
 
-@pytest.mark.parametrize("kind", ["plain", "subpackage"])
+@pytest.mark.parametrize("kind", ["plain", "subpackage", "cross_repo"])
 def test_generate_embed_score_across_both_nodes_from_a_deleted_folder(
     cluster: _raycluster.Cluster, models: dict[str, Path], kind: str
 ) -> None:
-    out = cluster.driver("across", str(models[kind]))
+    cache = str(models["cross_hub"]) if kind == "cross_repo" else ""
+    out = cluster.driver("across", str(models[kind]), cache)
     assert out["same"] == {"generate": True, "embed": True, "score": True}
     assert out["nodes"] == [_raycluster.HEAD_IP, _raycluster.NODE2_IP]
     assert all(f["written"] or f["fetched_bytes"] == 0 for f in out["ferry"])
@@ -62,6 +66,9 @@ def test_generate_embed_score_across_both_nodes_from_a_deleted_folder(
         assert str(models[kind]) not in where["model"] and "/ferry/" in where["model"]
     node2 = [w for w in out["rpc"] if w["hf"] == []]
     assert node2, "node2's environment is scrubbed: no HF_* variables"
+    if kind == "cross_repo":  # the other repo's code reached both nodes too
+        assert all(h and "SharedHeadForSequenceClassification" in h
+                   for h in out["cross_repo_heads"])
 
 
 def test_doctor_backend_ray_reports_per_node(

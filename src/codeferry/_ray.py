@@ -104,12 +104,34 @@ def build_ferry(bundle: Any) -> Ferry:
     source = bundle.source
     files = list_files(source)
     manifest = {rel: (_sha256(path), path.stat().st_size) for rel, path in files.items()}
-    token = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:32]
     small = {rel: files[rel].read_bytes() for rel in manifest if not is_weight(rel)}
+    for rel, data in cross_repo_files(bundle).items():
+        manifest[rel] = (hashlib.sha256(data).hexdigest(), len(data))
+        small[rel] = data
+    token = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:32]
     big = {rel: size for rel, (_, size) in manifest.items() if is_weight(rel)}
     shipped = sum(big.values()) <= ship_limit()
     large = {rel: ray.put(files[rel].read_bytes()) for rel in big} if shipped else {}
     return Ferry(token, manifest, ray.put(small), large, source.repo_id, source.commit)
+
+
+#: Inside a node's copy of the folder: a hub cache of the cross-repo code the model names
+#: (hidden, so that it is no file of the model's own).
+CROSS_REPO_CACHE = ".codeferry-hub"
+
+
+def cross_repo_files(bundle: Any) -> dict[str, bytes]:
+    """The code of every other repo the model's ``auto_map`` names, laid out as a hub cache
+    (``refs/main`` at the commit the driver pinned), under ``CROSS_REPO_CACHE``."""
+    out: dict[str, bytes] = {}
+    for (repo, path), data in bundle.sources.items():
+        if repo is None:
+            continue
+        base = f"{CROSS_REPO_CACHE}/models--{repo.replace('/', '--')}"
+        commit = bundle.pins[repo]
+        out[f"{base}/snapshots/{commit}/{path}"] = data
+        out[f"{base}/refs/main"] = commit.encode()
+    return out
 
 
 def _cached_copy(ferry: Ferry, rel: str) -> Path | None:
@@ -193,7 +215,9 @@ class RayWorker:
         try:
             check_device(spec.device)
             folder, stats = materialize(ferry)
-            self.engine = _Engine(replace(spec, model=str(folder), cache_dir=None))
+            cross = folder / CROSS_REPO_CACHE
+            self.engine = _Engine(replace(spec, model=str(folder),
+                                          cache_dir=str(cross) if cross.is_dir() else None))
         except BaseException as exc:  # noqa: BLE001 - the handshake carries it to the driver
             return ("failed", os.getpid(), error_payload(exc), node)
         info = {"classes": sorted(self.engine.classes), **node, "ferry": stats,

@@ -158,8 +158,14 @@ class Scheduler:
 
     def start(self) -> None:
         """Start every worker and wait for all handshakes; the first failure is raised."""
-        self._slots = [_Slot(self.transport.start(slot, spec, self._inbox.put))
-                       for slot, spec in enumerate(self.specs)]
+        try:
+            for slot, spec in enumerate(self.specs):
+                self._slots.append(_Slot(self.transport.start(slot, spec, self._inbox.put)))
+        except BaseException:
+            for started in self._slots:
+                started.channel.stop(5.0)
+            self.transport.close()
+            raise
         self._thread.start()
         self._started.wait()
         if self._startup_error is not None:
@@ -379,8 +385,14 @@ class Scheduler:
 
     def _restart(self, slot: _Slot) -> None:
         index = self._slots.index(slot)
-        channel = self.transport.start(index, self.specs[index], self._inbox.put)
-        slot.channel, slot.state, slot.since, slot.timed_out = channel, "starting", time.monotonic(), False
+        slot.state, slot.since, slot.timed_out = "starting", time.monotonic(), False
+        try:
+            slot.channel = self.transport.start(index, self.specs[index], self._inbox.put)
+        except Exception as exc:  # noqa: BLE001 - the zygote or Ray could not start one
+            failure = WorkerStartupError(f"worker {index} could not be started: "
+                                         f"{type(exc).__name__}: {exc}", worker=index)
+            failure.__cause__ = exc
+            self._start_failed(slot, failure)
 
     def _dispatch(self) -> None:
         now = time.monotonic()
