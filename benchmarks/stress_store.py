@@ -165,7 +165,7 @@ def build_unit(source: Mapping[str, Any]) -> Any:
     if source["kind"] == "pure":
         files = read_tree(Path(source["path"]))
         return UnitData(unit_digest(files), files, ORDER, PACKAGES, "stress-unit")
-    from codeferry._api import units_of
+    from codeferry._loader import units_of
     from codeferry._resolve import resolve
 
     return units_of(resolve(source["path"]))[None]

@@ -23,8 +23,9 @@ from typing import Any, Literal
 
 from ._api import load_pinned
 from ._checks import check_main_guard
-from ._lockfile import Lock, read_lock
+from ._lockfile import Lock
 from ._resolve import resolve
+from ._trust import decide
 from ._worker import error_payload, remote_error
 from .errors import CodeferryError, RemoteTraceback, WorkerError
 
@@ -126,15 +127,20 @@ def doctor(
     timeout: float = 300.0,
     cache_dir: str | None = None,
 ) -> DoctorReport:
-    """Load ``model`` here, send its config to ``workers`` fresh processes, report each."""
+    """Load ``model`` here, send its config to ``workers`` fresh processes, report each.
+
+    Trust is ``_trust.decide``'s, as for ``run``: the bundled demo needs neither
+    ``trust_remote_code`` nor a ``lock``.
+    """
     from transformers import AutoConfig
 
     check_main_guard(start_method)  # a worker would die bootstrapping, with exit code 1
     bundle = resolve(model, revision=revision, cache_dir=cache_dir)
-    locked = read_lock(lock) if isinstance(lock, str) else lock
+    decision = decide(bundle, trust_remote_code=trust_remote_code, lock=lock, demo=True)
+    locked = decision.lock
     # strict: the doctor's verdict covers every class, so one that cannot load fails it.
-    load_pinned(model, bundle.digest, trust_remote_code=trust_remote_code, revision=revision,
-                lock=locked, strict=True, cache_dir=cache_dir)
+    load_pinned(model, bundle.digest, trust_remote_code=decision.trust_remote_code,
+                revision=revision, lock=locked, strict=True, cache_dir=cache_dir)
     config = AutoConfig.from_pretrained(str(bundle.source.root))
     from multiprocessing.reduction import ForkingPickler
 

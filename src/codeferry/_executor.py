@@ -41,8 +41,10 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Literal
 
 from ._checks import check_device, check_main_guard, dtype_name
-from ._lockfile import Lock, read_lock
+from ._loader import units_of
+from ._lockfile import Lock
 from ._resolve import resolve
+from ._trust import code_changed, decide, record
 from ._worker import WorkerSpec, pack, remote_error, worker_main
 from .errors import (
     BatchFailedError,
@@ -152,24 +154,15 @@ class Executor:
         cache = None if cache_dir is None else os.fspath(cache_dir)
         bundle = resolve(model, revision=revision, cache_dir=cache)
         if digest is not None and bundle.digest != digest:
-            from ._api import code_changed
-
             raise code_changed(bundle, digest)
         bundle.check_classes(needed_classes(preload))  # another class's problem is no matter
-        locked = lock if isinstance(lock, Lock) or lock is None else read_lock(lock)
+        decision = decide(bundle, trust_remote_code=trust_remote_code, lock=lock)
+        locked = decision.lock
         if locked is not None:
-            locked.check(bundle)
             # The parent unpickles its workers' replies (results, errors of classes the
             # model defines): it must refuse what its workers would refuse, from now on,
             # as ``load(model, lock=...)`` here would.
-            from . import _policy
-            from ._api import units_of
-
-            _policy.allow({u.digest for u in units_of(bundle).values()}, from_lock=True)
-        elif bundle.files and not trust_remote_code:
-            from ._api import trust_error
-
-            raise trust_error(bundle)
+            record(decision, units_of(bundle).values())
         self.model = str(bundle.source.root)
         #: The code decided on here; every worker, and every replacement, runs exactly it.
         self.digest = bundle.digest

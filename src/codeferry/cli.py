@@ -171,18 +171,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from ._doctor import doctor, render_doctor
 
-    model = args.model or _demo()
-    lock = args.lock
-    if lock is None and not args.trust_remote_code:
-        from ._lockfile import Lock
-        from ._run import DEMO_DIGEST
-
-        bundle = resolve(model, revision=args.revision, cache_dir=args.cache_dir)
-        if bundle.digest == DEMO_DIGEST:  # the bundled demo: trusted as exactly its code, like run
-            lock = Lock.from_bundle(bundle)
     report = doctor(
-        model, trust_remote_code=args.trust_remote_code, workers=args.workers,
-        start_method=args.start_method, revision=args.revision, lock=lock,
+        args.model or _demo(), trust_remote_code=args.trust_remote_code, workers=args.workers,
+        start_method=args.start_method, revision=args.revision, lock=args.lock,
         cache_dir=args.cache_dir,
     )
     if args.json:
