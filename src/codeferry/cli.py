@@ -24,9 +24,9 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from . import __version__
 from ._render import render_dot, render_report
 from ._resolve import resolve
+from ._version import package_version
 from .errors import (
     CodeferryError,
     DeviceError,
@@ -262,7 +262,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="codeferry",
         description="Load Hugging Face remote code correctly in every process and on every node.",
     )
-    parser.add_argument("--version", action="version", version=f"codeferry {__version__}")
+    parser.add_argument("--version", action="version", version=f"codeferry {package_version()}")
     parser.add_argument("--debug", action="store_true",
                         help="show tracebacks (also CODEFERRY_DEBUG=1 or HF_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True)
