@@ -160,7 +160,8 @@ def read_tree(folder: Path) -> dict[str, bytes]:
 
 def build_unit(source: Mapping[str, Any]) -> Any:
     """The round's ``UnitData``, built in this process from the files (as a loader would)."""
-    from codeferry._store import UnitData, unit_digest
+    from codeferry._digest import unit_digest
+    from codeferry._store import UnitData
 
     if source["kind"] == "pure":
         files = read_tree(Path(source["path"]))

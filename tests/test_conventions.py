@@ -152,7 +152,7 @@ def test_an_uninstalled_source_tree_reads_its_pyproject(tmp_path: Path) -> None:
 #: here.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
-    ("_version", "_graph", "_automap", "_source", "_checks"),  # pure
+    ("_version", "_digest", "_graph", "_automap", "_source", "_checks"),  # pure
     ("_requirements", "_store", "_policy"),
     ("_resolve",),
     ("_lockfile", "_render", "_audit"),

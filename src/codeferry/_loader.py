@@ -57,9 +57,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ._digest import unit_digest
 from ._policy import check_allowed
 from ._resolve import Bundle
-from ._store import UnitData, read_unit, unit_digest, unit_path, write_unit
+from ._store import UnitData, read_unit, unit_path, write_unit
 from .errors import CodeUnavailableError, StoreUnavailableError
 
 __all__ = [
