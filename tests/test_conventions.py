@@ -153,6 +153,7 @@ def test_an_uninstalled_source_tree_reads_its_pyproject(tmp_path: Path) -> None:
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
     ("_version", "_digest", "_graph", "_automap", "_source", "_checks"),  # pure
+    ("_audit_findings", "_audit_rules", "_audit_names", "_audit_visitor"),  # pure: the audit
     ("_requirements", "_store", "_policy"),
     ("_resolve",),
     ("_lockfile", "_render", "_audit"),
