@@ -23,6 +23,7 @@ import tempfile
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeAlias
 
 from ._render import render_dot, render_report
 from ._resolve import resolve
@@ -266,7 +267,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true",
                         help="show tracebacks (also CODEFERRY_DEBUG=1 or HF_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True)
+    for add_command in (_add_inspect, _add_doctor, _add_audit, _add_run, _add_lock, _add_verify):
+        add_command(sub)
+    return parser
 
+
+#: What ``add_subparsers`` returns: each ``_add_*`` adds its command's parser to it.
+_Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def _add_inspect(sub: _Commands) -> None:
     inspect = sub.add_parser(
         "inspect",
         help="show the classes, files, load order, requirements and problems of a model's code",
@@ -278,6 +288,8 @@ def _parser() -> argparse.ArgumentParser:
     _common_options(inspect)
     inspect.set_defaults(func=_cmd_inspect)
 
+
+def _add_doctor(sub: _Commands) -> None:
     doc = sub.add_parser(
         "doctor",
         help="load a model here and in N fresh workers, and report what each worker saw",
@@ -295,6 +307,8 @@ def _parser() -> argparse.ArgumentParser:
     _common_options(doc)
     doc.set_defaults(func=_cmd_doctor)
 
+
+def _add_audit(sub: _Commands) -> None:
     aud = sub.add_parser(
         "audit",
         help="list what a model's code can do beyond computing (processes, network, files...)",
@@ -307,6 +321,8 @@ def _parser() -> argparse.ArgumentParser:
     _common_options(aud)
     aud.set_defaults(func=_cmd_audit)
 
+
+def _add_run(sub: _Commands) -> None:
     run = sub.add_parser(
         "run",
         help="run a model on every line of a file (generate, embed or score) into resumable JSONL",
@@ -349,6 +365,8 @@ def _parser() -> argparse.ArgumentParser:
     _common_options(run)
     run.set_defaults(func=_cmd_run)
 
+
+def _add_lock(sub: _Commands) -> None:
     lock = sub.add_parser(
         "lock", help="write a lock file: the exact code of a model, to review and to pin",
         description="Static: executes nothing. See the README for the format.",
@@ -358,6 +376,8 @@ def _parser() -> argparse.ArgumentParser:
     _common_options(lock)
     lock.set_defaults(func=_cmd_lock)
 
+
+def _add_verify(sub: _Commands) -> None:
     verify = sub.add_parser(
         "verify", help="check a model's code against a lock file (exit 1 on any difference)",
         description="Static: executes nothing.",
@@ -366,7 +386,6 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("--lock", metavar="FILE", required=True, help="the lock file")
     _common_options(verify)
     verify.set_defaults(func=_cmd_verify)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
