@@ -160,12 +160,13 @@ def read_tree(folder: Path) -> dict[str, bytes]:
 
 def build_unit(source: Mapping[str, Any]) -> Any:
     """The round's ``UnitData``, built in this process from the files (as a loader would)."""
-    from codeferry._store import UnitData, unit_digest
+    from codeferry._digest import unit_digest
+    from codeferry._store import UnitData
 
     if source["kind"] == "pure":
         files = read_tree(Path(source["path"]))
         return UnitData(unit_digest(files), files, ORDER, PACKAGES, "stress-unit")
-    from codeferry._api import units_of
+    from codeferry._loader import units_of
     from codeferry._resolve import resolve
 
     return units_of(resolve(source["path"]))[None]

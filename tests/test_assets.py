@@ -27,9 +27,10 @@ import pytest
 
 import codeferry
 from codeferry import _loader, _pickling, errors
+from codeferry._digest import unit_digest
 from codeferry._lockfile import Lock
 from codeferry._source import MAX_ASSET_BYTES
-from codeferry._store import UnitData, unit_digest
+from codeferry._store import UnitData
 from codeferry.testing import ModelSpec, write_hub_model, write_model
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -191,7 +192,8 @@ def test_private_copies_of_killed_processes_are_swept(tmp_path: Path) -> None:
     script = (
         "import os, signal, sys\n"
         "from codeferry import _loader\n"
-        "from codeferry._store import UnitData, unit_digest\n"
+        "from codeferry._digest import unit_digest\n"
+        "from codeferry._store import UnitData\n"
         "files = {'m.py': b'X = 1\\n'}\n"
         "unit = UnitData(unit_digest(files), files, ('m',), frozenset(), 'swept')\n"
         "print(_loader.verified_dir(unit), flush=True)\n"
@@ -211,7 +213,8 @@ def test_a_forked_child_never_removes_its_parents_copy_and_the_parent_does() -> 
     script = (
         "import os, sys\n"
         "from codeferry import _loader\n"
-        "from codeferry._store import UnitData, unit_digest\n"
+        "from codeferry._digest import unit_digest\n"
+        "from codeferry._store import UnitData\n"
         "files = {'m.py': b'X = 2\\n'}\n"
         "unit = UnitData(unit_digest(files), files, ('m',), frozenset(), 'forked')\n"
         "folder = _loader.verified_dir(unit)\n"

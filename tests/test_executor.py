@@ -327,7 +327,7 @@ def test_futures_submit_map_and_shutdown(tmp_path: Path) -> None:
     assert all(f.done() for f in queued)
     assert any(f.cancelled() for f in queued)  # the ones not started
     assert all(f.result() == f.result() for f in queued if not f.cancelled())
-    with pytest.raises(RuntimeError, match="shut down|closed"):
+    with pytest.raises(RuntimeError, match=r"shut down|closed"):
         ex.submit(worker_pid)
 
 

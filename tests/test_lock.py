@@ -147,7 +147,8 @@ end
 
 
 def lock_text(**kw: str) -> str:
-    from codeferry._lockfile import LockedFile, bundle_digest
+    from codeferry._digest import bundle_digest
+    from codeferry._lockfile import LockedFile
 
     sha = "ab" * 32
     digest = kw.pop("digest", bundle_digest([LockedFile(None, "a.py", sha, 3)]))

@@ -22,7 +22,8 @@ import transformers.modeling_utils  # noqa: F401
 
 import codeferry
 from codeferry import cli
-from codeferry._run import DEMO_DIGEST, read_inputs
+from codeferry._run import read_inputs
+from codeferry._trust import DEMO_DIGEST
 from codeferry.errors import InputFormatError
 from codeferry.testing import ModelSpec, write_model
 
@@ -117,7 +118,7 @@ def resume_argv(slowy: Path, source: Path, output: Path) -> list[str]:
 
 
 def test_demo_digest_is_pinned() -> None:
-    """Regenerating the demo changes its digest: update DEMO_DIGEST in _run.py with it."""
+    """Regenerating the demo changes its digest: update DEMO_DIGEST in _trust.py with it."""
     assert codeferry.resolve(DEMO).digest == DEMO_DIGEST
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from codeferry import _loader
-from codeferry._store import UnitData, read_unit, token_of, unit_digest, unit_path, write_unit
+from codeferry._digest import token_of, unit_digest
+from codeferry._store import UnitData, read_unit, unit_path, write_unit
 from codeferry.errors import StoreCorruptError, StoreUnavailableError
 
 STRESS_SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "stress_store.py"

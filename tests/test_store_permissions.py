@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from codeferry._store import UnitData, read_unit, unit_digest, write_unit
+from codeferry._digest import unit_digest
+from codeferry._store import UnitData, read_unit, write_unit
 from codeferry.errors import StorePermissionError, StoreUnavailableError
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "codeferry"

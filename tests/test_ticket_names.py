@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from codeferry import _loader, _pickling
-from codeferry._store import UnitData, unit_digest, write_unit
+from codeferry._digest import unit_digest
+from codeferry._store import UnitData, write_unit
 from codeferry.errors import TicketPackageError
 
 FILES = {"__init__.py": b"", "evil.py": b"HIJACKED = True\n"}

@@ -20,7 +20,7 @@ import transformers.modeling_utils  # noqa: F401
 
 import codeferry
 from codeferry import _loader, _policy
-from codeferry._api import units_of
+from codeferry._loader import units_of
 from codeferry.errors import (
     BatchFailedError,
     RemoteTraceback,

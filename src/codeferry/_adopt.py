@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import _loader, _pickling, _policy, _transformers
-from ._store import UnitData, unit_digest
+from ._digest import unit_digest
+from ._store import UnitData
 from .errors import CodeferryError, LockMismatchError, ModelNotFoundError
 
 if TYPE_CHECKING:

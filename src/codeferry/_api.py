@@ -9,24 +9,22 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import _loader, _pickling, _policy, _transformers
+from . import _loader, _pickling, _transformers
 from ._automap import ClassRef
 from ._hub import Need
-from ._lockfile import Lock, read_lock
+from ._lockfile import Lock
 from ._requirements import pip_name
 from ._resolve import Bundle, resolve
-from ._store import UnitData, unit_digest
+from ._trust import code_changed, decide, record
 from .errors import (
-    CodeChangedError,
     CodeferryError,
     ConfigUnavailableError,
     MissingClassError,
     ProblemsFound,
     RemoteCodeExecutionError,
-    TrustRequiredError,
 )
 
-__all__ = ["load", "load_pinned", "LoadResult", "units_of", "class_key"]
+__all__ = ["load", "load_pinned", "LoadResult", "class_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,41 +36,6 @@ def class_key(source: str, key: str) -> str:
     if ":" in source:
         return f"{source.split(':', 1)[1]}:{key}"
     return key
-
-
-def units_of(bundle: Bundle) -> dict[str | None, UnitData]:
-    """The bundle's code split by repo (``None``: the model's own), ready to register."""
-    units: dict[str | None, UnitData] = {}
-    # a cross-repo reference whose repo is not at hand has no unit (its class cannot load)
-    repos = {f.repo for f in bundle.files} | {
-        c.repo for c in bundle.classes if c.repo is None or c.repo in bundle.pins}
-    for repo in sorted(repos, key=lambda r: r or ""):
-        files = {path: data for (r, path), data in bundle.sources.items() if r == repo}
-        prefix = f"{repo}--" if repo else ""
-        order = tuple(
-            name[len(prefix):] for name in bundle.load_order
-            if (name.startswith(prefix) if repo else "--" not in name)
-        )
-        packages = frozenset(m.name for m in bundle.modules if m.repo == repo and m.is_package)
-        label = f"{repo}@{bundle.pins[repo]}" if repo else bundle.source.name
-        units[repo] = UnitData(unit_digest(files), files, order, packages, label)
-    return units
-
-
-def trust_error(bundle: Bundle) -> TrustRequiredError:
-    files = tuple(
-        (f"{f.repo}--" if f.repo else "") + f.path for f in bundle.files if f.kind != "asset"
-    )
-    listing = ", ".join(files)
-    return TrustRequiredError(
-        f"the model ships code that would run in this process and in every worker: "
-        f"{listing} (digest {bundle.digest}).",
-        files=files,
-        path=str(bundle.source.root),
-        fix="read it (`codeferry inspect MODEL`, `codeferry audit MODEL`), then pass "
-        "trust_remote_code=True or lock=FILE (on the command line --trust-remote-code or "
-        "--lock FILE; `codeferry lock MODEL -o FILE` writes one).",
-    )
 
 
 class LoadResult(dict[str, Any]):
@@ -190,17 +153,6 @@ def load_pinned(model: str | os.PathLike[str], digest: str, **options: Any) -> L
     return _load(model, expected=digest, **options)
 
 
-def code_changed(bundle: Bundle, expected: str) -> CodeChangedError:
-    return CodeChangedError(
-        f"the code of {bundle.source.name} changed since it was checked: the parent decided "
-        f"on digest {expected}, this process found {bundle.digest}; none of it ran.",
-        expected=expected, actual=bundle.digest, digest=bundle.digest,
-        model=bundle.source.name, path=str(bundle.source.root),
-        fix="the model folder changed while in use: restore it, or start a new Executor "
-        "(rerun the command) to check the new code (`codeferry inspect MODEL` shows it).",
-    )
-
-
 def _load(
     model: str | os.PathLike[str],
     *,
@@ -234,11 +186,7 @@ def _load(
                 fix="ask for one of the auto_map keys the model has.",
             )
         refs = [r for r in refs if class_key(r.source, r.key) in wanted]
-    if lock is not None:
-        locked = lock if isinstance(lock, Lock) else read_lock(lock)
-        locked.check(bundle)
-    elif not trust_remote_code and bundle.files:
-        raise trust_error(bundle)
+    decision = decide(bundle, trust_remote_code=trust_remote_code, lock=lock)
     failed: dict[str, CodeferryError] = {}
     for ref in refs:  # static problems first: refused code is never registered
         if bundle.problems_for(ref):
@@ -256,8 +204,8 @@ def _load(
     if failed and (strict or classes is not None or len(failed) == len(
             {class_key(r.source, r.key) for r in refs})):
         _raise_failed(bundle, failed)
-    units = units_of(bundle)
-    _policy.allow({u.digest for u in units.values()}, from_lock=lock is not None)
+    units = _loader.units_of(bundle)
+    record(decision, units.values())
     loaded: dict[ClassRef, Any] = {}
     with _lock:
         runtimes = {repo: _loader.register(unit) for repo, unit in units.items()}

@@ -21,9 +21,10 @@ from typing import Any, Literal
 
 from ._api import load_pinned
 from ._checks import check_main_guard
-from ._lockfile import Lock, read_lock
+from ._lockfile import Lock
 from ._resolve import resolve
 from ._transport import Event, LocalTransport, Transport
+from ._trust import decide
 from ._worker import WorkerSpec
 from .errors import CodeferryError, RemoteTraceback, WorkerError
 
@@ -124,7 +125,8 @@ def doctor(
     ``start_method``, or Ray actors (``backend="ray"``), which also report their node and
     how the code reached it. A repo id the cache lacks has its code downloaded first
     (``token``, ``local_files_only`` as for ``load``): the doctor loads classes and
-    configs, never weights.
+    configs, never weights. Trust is ``_trust.decide``'s, as for ``run``: the bundled demo
+    needs neither ``trust_remote_code`` nor a ``lock``.
     """
     from transformers import AutoConfig
 
@@ -132,7 +134,9 @@ def doctor(
         check_main_guard(start_method)  # a worker would die bootstrapping, with exit code 1
     bundle = resolve(model, revision=revision, cache_dir=cache_dir, token=token,
                      local_files_only=local_files_only)
-    locked = read_lock(lock) if isinstance(lock, str) else lock
+    decision = decide(bundle, trust_remote_code=trust_remote_code, lock=lock, demo=True)
+    locked = decision.lock
+    trust_remote_code = decision.trust_remote_code
     # strict: the doctor's verdict covers every class, so one that cannot load fails it.
     load_pinned(model, bundle.digest, trust_remote_code=trust_remote_code, revision=revision,
                 lock=locked, strict=True, cache_dir=cache_dir, token=token,

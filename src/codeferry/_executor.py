@@ -27,10 +27,12 @@ from concurrent.futures import Future
 from typing import Any, Literal
 
 from ._checks import check_device, check_main_guard, dtype_name
-from ._lockfile import Lock, read_lock
+from ._loader import units_of
+from ._lockfile import Lock
 from ._resolve import resolve
 from ._scheduler import Batch, Call, Outcome, Scheduler
 from ._transport import LocalTransport, Transport
+from ._trust import code_changed, decide, record
 from ._worker import WorkerSpec
 
 __all__ = ["Executor", "Outcome"]
@@ -120,24 +122,15 @@ class Executor:
         bundle = resolve(model, revision=revision, cache_dir=cache, token=token,
                          local_files_only=local_files_only, fetch="model")
         if digest is not None and bundle.digest != digest:
-            from ._api import code_changed
-
             raise code_changed(bundle, digest)
         bundle.check_classes(needed_classes(preload))  # another class's problem is no matter
-        locked = lock if isinstance(lock, Lock) or lock is None else read_lock(lock)
+        decision = decide(bundle, trust_remote_code=trust_remote_code, lock=lock)
+        locked = decision.lock
         if locked is not None:
-            locked.check(bundle)
             # The parent unpickles its workers' replies (results, errors of classes the
             # model defines): it must refuse what its workers would refuse, from now on,
             # as ``load(model, lock=...)`` here would.
-            from . import _policy
-            from ._api import units_of
-
-            _policy.allow({u.digest for u in units_of(bundle).values()}, from_lock=True)
-        elif bundle.files and not trust_remote_code:
-            from ._api import trust_error
-
-            raise trust_error(bundle)
+            record(decision, units_of(bundle).values())
         self.model = str(bundle.source.root)
         #: The code decided on here; every worker, and every replacement, runs exactly it.
         self.digest = bundle.digest

@@ -57,13 +57,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ._digest import unit_digest
 from ._policy import check_allowed
+from ._resolve import Bundle
 from ._store import UnitData, read_unit, unit_path, write_unit
 from .errors import CodeUnavailableError, StoreUnavailableError
 
 __all__ = [
-    "Runtime", "PREFIX", "register", "runtime_for", "import_module", "on_module_executed",
-    "verified_dir",
+    "Runtime", "PREFIX", "units_of", "register", "runtime_for", "import_module",
+    "on_module_executed", "verified_dir",
 ]
 
 PREFIX = "codeferry._dyn"
@@ -268,6 +270,25 @@ def verified_dir(unit: UnitData) -> Path:
             ) from exc
         _private[unit.token] = folder
         return folder
+
+
+def units_of(bundle: Bundle) -> dict[str | None, UnitData]:
+    """The bundle's code split by repo (``None``: the model's own), ready to register."""
+    units: dict[str | None, UnitData] = {}
+    # a cross-repo reference whose repo is not at hand has no unit (its class cannot load)
+    repos = {f.repo for f in bundle.files} | {
+        c.repo for c in bundle.classes if c.repo is None or c.repo in bundle.pins}
+    for repo in sorted(repos, key=lambda r: r or ""):
+        files = {path: data for (r, path), data in bundle.sources.items() if r == repo}
+        prefix = f"{repo}--" if repo else ""
+        order = tuple(
+            name[len(prefix):] for name in bundle.load_order
+            if (name.startswith(prefix) if repo else "--" not in name)
+        )
+        packages = frozenset(m.name for m in bundle.modules if m.repo == repo and m.is_package)
+        label = f"{repo}@{bundle.pins[repo]}" if repo else bundle.source.name
+        units[repo] = UnitData(unit_digest(files), files, order, packages, label)
+    return units
 
 
 def default_package(unit: UnitData) -> str:

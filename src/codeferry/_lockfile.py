@@ -23,13 +23,13 @@ refuses any other byte.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import _digest
 from ._resolve import Bundle
 from .errors import LockFormatError, LockMismatchError
 
@@ -76,23 +76,12 @@ class LockDiff:
         return out
 
 
-def bundle_digest(files: list[LockedFile]) -> str:
-    """The bundle digest over (repo, path, sha256): the same formula as ``resolve``."""
-    ordered = sorted(files, key=lambda f: (f.repo or "", f.path))
-    canonical = "".join(f"{f.repo or ''}\0{f.path}\0{f.sha256}\n" for f in ordered)
-    return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
-
 def unit_digests(files: list[LockedFile]) -> set[str]:
     """The digest of each unit (per repo) the locked files make up, as tickets name them."""
-    by_repo: dict[str | None, list[LockedFile]] = defaultdict(list)
+    by_repo: dict[str | None, dict[str, str]] = defaultdict(dict)
     for f in files:
-        by_repo[f.repo].append(f)
-    digests = set()
-    for group in by_repo.values():
-        lines = "".join(f"{f.path}\0{f.sha256}\n" for f in sorted(group, key=lambda f: f.path))
-        digests.add("sha256:" + hashlib.sha256(lines.encode("utf-8")).hexdigest())
-    return digests
+        by_repo[f.repo][f.path] = f.sha256
+    return {_digest.unit_digest_of(hashes) for hashes in by_repo.values()}
 
 
 @dataclass(frozen=True)
@@ -177,7 +166,7 @@ class Lock:
             raise fail(None, f"lacks {', '.join(sorted(missing))}")
         lock = cls(fields["model"], None if fields["revision"] == "-" else fields["revision"],
                    fields["digest"], tuple(sorted(files, key=lambda f: f.key)), tuple(pins), tuple(reqs), source)
-        actual = bundle_digest(files)
+        actual = _digest.bundle_digest(files)
         if actual != lock.digest:
             at = next(n for n, ln in rows if ln.startswith("digest "))
             raise fail(at, f"says digest {lock.digest}, but its own file list hashes to {actual} "

@@ -51,7 +51,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import _loader
-from ._store import UnitData, read_unit, token_of
+from ._digest import is_digest, is_token, token_of
+from ._store import UnitData, read_unit
 from .errors import CodeUnavailableError, TicketPackageError
 
 __all__ = ["Ticket", "mark_module", "mark_class", "ticket_for", "is_ferried", "runtime_of"]
@@ -106,8 +107,6 @@ def ticket_for(runtime: _loader.Runtime, *, embedded: bool) -> Ticket:
     return ticket
 
 
-_TOKEN = re.compile(r"[0-9a-f]{32}")
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _ALIAS = re.compile(r"transformers_modules(\.[A-Za-z0-9_]+)+")
 
 
@@ -120,13 +119,13 @@ def _check_package(package: object, digest: object, label: object = None) -> str
     ``digest`` is a full digest, a token, or ``None`` (then the package carries it).
     """
     text = package if isinstance(package, str) else repr(package)
-    if isinstance(digest, str) and _DIGEST.fullmatch(digest):
+    if isinstance(digest, str) and is_digest(digest):
         token: str | None = token_of(digest)
-    elif isinstance(digest, str) and _TOKEN.fullmatch(digest):
+    elif isinstance(digest, str) and is_token(digest):
         token = digest
     elif digest is None and isinstance(package, str) and package.startswith(_loader.PREFIX + ".u"):
         token = package[len(_loader.PREFIX) + 2:]
-        token = token if _TOKEN.fullmatch(token) else None
+        token = token if is_token(token) else None
     else:
         token = None
     if token is not None and isinstance(package, str) and (

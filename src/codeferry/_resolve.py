@@ -20,7 +20,6 @@ Phases, in order:
 from __future__ import annotations
 
 import ast
-import hashlib
 import io
 import json
 import os
@@ -34,6 +33,7 @@ from typing import Any
 
 from . import _graph, _hub
 from ._automap import AUTO_MAP_FILES, ClassRef, parse_auto_maps
+from ._digest import bundle_digest, file_sha256
 from ._requirements import (
     Requirement,
     check_transformers_names,
@@ -542,10 +542,6 @@ class _Resolver:
         return False
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def resolve(
     model: str | os.PathLike[str],
     *,
@@ -606,17 +602,16 @@ def resolve(
     for unit in resolver.units.values():
         for rel, data in unit.sources.items():
             kind = "package" if rel.endswith("__init__.py") else "module"
-            files.append(FileEntry(unit.repo, rel, _sha256(data), len(data), kind))
+            files.append(FileEntry(unit.repo, rel, file_sha256(data), len(data), kind))
             sources[(unit.repo, rel)] = data
         for rel in unit.assets:
             asset = unit.asset_data.get(rel)
             if asset is None:
                 asset = read_bytes(unit.source, rel, asset=True)
-            files.append(FileEntry(unit.repo, rel, _sha256(asset), len(asset), "asset"))
+            files.append(FileEntry(unit.repo, rel, file_sha256(asset), len(asset), "asset"))
             sources[(unit.repo, rel)] = asset
     files.sort(key=lambda f: (f.repo or "", f.path))
-    canonical = "".join(f"{f.repo or ''}\0{f.path}\0{f.sha256}\n" for f in files)
-    digest = "sha256:" + _sha256(canonical.encode("utf-8"))
+    digest = bundle_digest(files)
 
     scans = [
         ((f"{unit.repo}--" if unit.repo else "") + unit.modules[name].path, scan)

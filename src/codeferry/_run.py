@@ -68,8 +68,9 @@ from tqdm import tqdm
 
 from ._checks import check_device, dtype_name
 from ._executor import Executor, Outcome, needed_classes
-from ._lockfile import Lock, read_lock
+from ._lockfile import Lock
 from ._resolve import Bundle, resolve
+from ._trust import decide
 from .errors import (
     BatchFailedError,
     InputFormatError,
@@ -80,18 +81,12 @@ from .errors import (
 )
 
 __all__ = [
-    "DEMO_DIGEST",
     "TASKS",
     "InputItem",
     "RunResult",
     "read_inputs",
     "run",
 ]
-
-#: Digest of the code of the bundled demo model (``codeferry/demo``), the only remote code
-#: ``codeferry run`` executes without ``--trust-remote-code`` or ``--lock``. A test checks it
-#: against the shipped demo: regenerating the demo means updating this constant.
-DEMO_DIGEST = "sha256:f1f28e68ee1e5356ef8b6c9d136a5f55a456ec2e13e7c6025902f980c2f7695a"
 
 Task = Literal["generate", "embed", "score"]
 TASKS: tuple[Task, ...] = ("generate", "embed", "score")
@@ -631,23 +626,6 @@ class Progress:
 # -- the run ----------------------------------------------------------------------------
 
 
-def _trusted(bundle: Bundle, trust_remote_code: bool,
-             lock: Lock | str | os.PathLike[str] | None) -> tuple[bool, Lock | None]:
-    """What the executor gets: ``(trust_remote_code, lock)``; raise when code is not trusted."""
-    if lock is not None:
-        locked = lock if isinstance(lock, Lock) else read_lock(lock)
-        locked.check(bundle)
-        return False, locked
-    if trust_remote_code or not bundle.files:
-        return trust_remote_code, None
-    if bundle.digest == DEMO_DIGEST:
-        # The bundled demo: trusted as exactly this code, which every worker verifies again.
-        return False, Lock.from_bundle(bundle)
-    from ._api import trust_error
-
-    raise trust_error(bundle)
-
-
 def _line(ident: Id, task: Task, value: Any, error: BaseException | None) -> tuple[bytes, bool]:
     row: dict[str, Any] = {"id": ident}
     if error is not None:
@@ -719,7 +697,7 @@ def run(
     bundle = resolve(model, revision=revision, cache_dir=cache_dir, token=token,
                      local_files_only=local_files_only, fetch="model")
     bundle.check_classes(needed_classes((task,)))
-    trust, locked = _trusted(bundle, trust_remote_code, lock)
+    decision = decide(bundle, trust_remote_code=trust_remote_code, lock=lock, demo=True)
     if backend == "local":
         check_device(device)  # before the output is opened (the executor checks again)
 
@@ -754,9 +732,9 @@ def run(
             # The code checked above, pinned: workers verify they run exactly its digest.
             executor = Executor(
                 str(bundle.source.root), workers=count, start_method=start_method,
-                device=device, dtype=dtype, trust_remote_code=trust, lock=locked,
-                revision=revision, batch_size=size, preload=(task,), digest=bundle.digest,
-                cache_dir=cache_dir, backend=backend, address=address,
+                device=device, dtype=dtype, trust_remote_code=decision.trust_remote_code,
+                lock=decision.lock, revision=revision, batch_size=size, preload=(task,),
+                digest=bundle.digest, cache_dir=cache_dir, backend=backend, address=address,
             )
         except BaseException:
             sink.close(discard=True)

@@ -25,7 +25,6 @@ only a digest.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -37,11 +36,11 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from ._digest import file_sha256, token_of, unit_digest, unit_digest_of
 from .errors import StoreCorruptError, StorePermissionError, StoreUnavailableError
 
-__all__ = ["UnitData", "store_root", "unit_digest", "token_of", "read_unit", "write_unit"]
+__all__ = ["UnitData", "store_root", "read_unit", "write_unit"]
 
-TOKEN_LENGTH = 32
 _DIR_MODE = 0o700
 _FILE_MODE = 0o600
 _SUBFOLDERS = ("units", "locks", "tmp")
@@ -53,20 +52,6 @@ def store_root() -> Path:
         return Path(os.environ["CODEFERRY_HOME"]).expanduser() / "v1"
     xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(xdg) / "codeferry" / "v1"
-
-
-def unit_digest(files: Mapping[str, bytes]) -> str:
-    """``sha256:<hex>`` over the sorted (path, sha256) list: stable across machines."""
-    return _digest_of_hashes({path: hashlib.sha256(b).hexdigest() for path, b in files.items()})
-
-
-def _digest_of_hashes(hashes: Mapping[str, str]) -> str:
-    lines = "".join(f"{path}\0{hashes[path]}\n" for path in sorted(hashes))
-    return "sha256:" + hashlib.sha256(lines.encode("utf-8")).hexdigest()
-
-
-def token_of(digest: str) -> str:
-    return digest.removeprefix("sha256:")[:TOKEN_LENGTH]
 
 
 @dataclass(frozen=True)
@@ -104,7 +89,7 @@ def _manifest(unit: UnitData) -> dict[str, object]:
         "label": unit.label,
         "order": list(unit.order),
         "packages": sorted(unit.packages),
-        "files": {p: hashlib.sha256(b).hexdigest() for p, b in sorted(unit.files.items())},
+        "files": {p: file_sha256(b) for p, b in sorted(unit.files.items())},
     }
 
 
@@ -279,8 +264,8 @@ def read_unit(digest_or_token: str, root: Path | None = None) -> UnitData | None
         return None
     # Every file against the manifest (a manifest that lies about its files is broken
     # too, and gets rewritten), and the whole against the digest.
-    hashes = {path: hashlib.sha256(data).hexdigest() for path, data in files.items()}
-    if hashes != listed or _digest_of_hashes(hashes) != unit.digest:
+    hashes = {path: file_sha256(data) for path, data in files.items()}
+    if hashes != listed or unit_digest_of(hashes) != unit.digest:
         return None
     return unit
 

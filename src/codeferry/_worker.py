@@ -146,7 +146,7 @@ class _Engine:
         from transformers import AutoTokenizer
         from transformers.utils import logging as hf_logging
 
-        from ._api import load_pinned
+        from ._api import load, load_pinned
 
         hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # load reports of heads a task does not use
         torch.set_num_threads(max(1, spec.threads))
@@ -160,8 +160,6 @@ class _Engine:
                             if spec.lock is not None else {})
             return
         if spec.digest is None:
-            from . import load
-
             self.classes = load(spec.model, trust_remote_code=spec.trust_remote_code,
                                 revision=spec.revision, lock=spec.lock, cache_dir=spec.cache_dir)
         else:

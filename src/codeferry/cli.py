@@ -23,10 +23,11 @@ import tempfile
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeAlias
 
-from . import __version__
 from ._render import render_dot, render_report
 from ._resolve import resolve
+from ._version import package_version
 from .errors import (
     CodeferryError,
     DeviceError,
@@ -117,15 +118,20 @@ def _demo() -> str:
     return str(Path(__file__).with_name("demo"))
 
 
+def _show(args: argparse.Namespace, data: object, text: str) -> None:
+    """A command's result on stdout: ``data`` as one JSON object with ``--json``, else ``text``."""
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        sys.stdout.write(text)
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
     bundle = resolve(args.model or _demo(), revision=args.revision, cache_dir=args.cache_dir,
                      token=args.token, local_files_only=args.local_files_only)
     if args.graph:
         _write_graph(Path(args.graph), render_dot(bundle))
-    if args.json:
-        print(json.dumps(bundle.to_json(), indent=2))
-    else:
-        sys.stdout.write(render_report(bundle))
+    _show(args, bundle.to_json(), render_report(bundle))
     return 1 if bundle.blocking else 0
 
 
@@ -173,25 +179,13 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from ._doctor import doctor, render_doctor
 
-    model = args.model or _demo()
-    lock = args.lock
-    if lock is None and not args.trust_remote_code:
-        from ._lockfile import Lock
-        from ._run import DEMO_DIGEST
-
-        bundle = resolve(model, revision=args.revision, cache_dir=args.cache_dir, token=args.token, local_files_only=args.local_files_only)
-        if bundle.digest == DEMO_DIGEST:  # the bundled demo: trusted as exactly its code, like run
-            lock = Lock.from_bundle(bundle)
     report = doctor(
-        model, trust_remote_code=args.trust_remote_code, workers=args.workers,
-        start_method=args.start_method, revision=args.revision, lock=lock,
+        args.model or _demo(), trust_remote_code=args.trust_remote_code, workers=args.workers,
+        start_method=args.start_method, revision=args.revision, lock=args.lock,
         cache_dir=args.cache_dir, backend=args.backend, address=args.address,
         token=args.token, local_files_only=args.local_files_only,
     )
-    if args.json:
-        print(json.dumps(report.to_json(), indent=2))
-    else:
-        sys.stdout.write(render_doctor(report))
+    _show(args, report.to_json(), render_doctor(report))
     return 0 if report.ok else 1
 
 
@@ -206,11 +200,9 @@ def _cmd_audit(args: argparse.Namespace) -> int:
             f"{', '.join(map(repr, unknown))}; valid: {', '.join(CATEGORIES)}"
         )
     report = audit_bundle(resolve(args.model or _demo(), revision=args.revision,
-                                  cache_dir=args.cache_dir, token=args.token, local_files_only=args.local_files_only))
-    if args.json:
-        print(json.dumps(report.to_json(), indent=2))
-    else:
-        sys.stdout.write(render_audit(report))
+                                  cache_dir=args.cache_dir, token=args.token,
+                                  local_files_only=args.local_files_only))
+    _show(args, report.to_json(), render_audit(report))
     return 1 if report.in_categories(fail_on) else 0
 
 
@@ -290,30 +282,51 @@ def _parser() -> argparse.ArgumentParser:
         prog="codeferry",
         description="Load Hugging Face remote code correctly in every process and on every node.",
     )
-    parser.add_argument("--version", action="version", version=f"codeferry {__version__}")
+    parser.add_argument("--version", action="version", version=f"codeferry {package_version()}")
     parser.add_argument("--debug", action="store_true",
                         help="show tracebacks (also CODEFERRY_DEBUG=1 or HF_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True)
+    for add_command in (_add_inspect, _add_doctor, _add_audit, _add_run, _add_lock, _add_verify):
+        _common_options(add_command(sub))  # last: after each command's own options in --help
+    return parser
 
-    inspect = sub.add_parser(
-        "inspect",
+
+#: What ``add_subparsers`` returns: each ``_add_*`` adds its command's parser to it.
+_Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def _command(sub: _Commands, name: str, func: Callable[[argparse.Namespace], int], *,
+             help: str, description: str, model_help: str = ")",
+             with_json: bool = False) -> argparse.ArgumentParser:
+    """A subcommand running ``func``, with its optional MODEL (and ``--json`` when asked)."""
+    command = sub.add_parser(name, help=help, description=description)
+    command.add_argument("model", nargs="?", default=None, help=_MODEL_HELP + model_help)
+    if with_json:
+        command.add_argument("--json", action="store_true", help="print one JSON object")
+    command.set_defaults(func=func)
+    return command
+
+
+def _add_inspect(sub: _Commands) -> argparse.ArgumentParser:
+    inspect = _command(
+        sub, "inspect", _cmd_inspect,
         help="show the classes, files, load order, requirements and problems of a model's code",
         description="Static analysis of a model's remote code. Executes nothing.",
+        with_json=True,
     )
-    inspect.add_argument("model", nargs="?", default=None, help=_MODEL_HELP + ")")
-    inspect.add_argument("--json", action="store_true", help="print one JSON object")
     inspect.add_argument("--graph", metavar="FILE", help="write the import graph (.dot, .svg, .png)")
-    _common_options(inspect)
-    inspect.set_defaults(func=_cmd_inspect)
+    return inspect
 
-    doc = sub.add_parser(
-        "doctor",
+
+def _add_doctor(sub: _Commands) -> argparse.ArgumentParser:
+    doc = _command(
+        sub, "doctor", _cmd_doctor,
         help="load a model here and in N fresh workers, and report what each worker saw",
         description="Executes the model's code here and in every worker: needs "
         "--trust-remote-code or --lock (except for the bundled demo).",
+        model_help="; the demo's code is trusted by its pinned digest, any other needs "
+        "--trust-remote-code or --lock)",
     )
-    doc.add_argument("model", nargs="?", default=None, help=_MODEL_HELP + "; the demo's code "
-                     "is trusted by its pinned digest, any other needs --trust-remote-code or --lock)")
     doc.add_argument("--trust-remote-code", action="store_true",
                      help="allow the model's code to run here and in the workers")
     doc.add_argument("--lock", metavar="FILE", help="allow exactly the code this lock file lists")
@@ -321,32 +334,33 @@ def _parser() -> argparse.ArgumentParser:
     doc.add_argument("--start-method", choices=["spawn", "forkserver", "fork"], default="spawn")
     _backend_options(doc)
     doc.add_argument("--json", action="store_true", help="print one JSON object")
-    _common_options(doc)
-    doc.set_defaults(func=_cmd_doctor)
+    return doc
 
-    aud = sub.add_parser(
-        "audit",
+
+def _add_audit(sub: _Commands) -> argparse.ArgumentParser:
+    aud = _command(
+        sub, "audit", _cmd_audit,
         help="list what a model's code can do beyond computing (processes, network, files...)",
         description="Static analysis of a model's remote code, by category. Executes nothing.",
+        with_json=True,
     )
-    aud.add_argument("model", nargs="?", default=None, help=_MODEL_HELP + ")")
-    aud.add_argument("--json", action="store_true", help="print one JSON object")
     aud.add_argument("--fail-on", action="append", default=[], metavar="CATEGORY[,...]",
                      help="exit 1 when anything is found in these categories")
-    _common_options(aud)
-    aud.set_defaults(func=_cmd_audit)
+    return aud
 
-    run = sub.add_parser(
-        "run",
+
+def _add_run(sub: _Commands) -> argparse.ArgumentParser:
+    run = _command(
+        sub, "run", _cmd_run,
         help="run a model on every line of a file (generate, embed or score) into resumable JSONL",
         description="Batch inference on worker processes. Input: JSONL objects with an \"id\" "
         "and a \"prompt\" (or \"text\"), or plain text lines (id: the line number). Output: one "
         "JSON line per input, in input order; rerunning with the same --output resumes. "
         "With no arguments, runs the bundled demo model on its prompts and prints JSONL. "
         "Exit 0: every input has a result; 1: some failed (error lines) or an error; 2: usage.",
+        model_help=", whose code is trusted by its pinned digest; then --input defaults to its "
+        "prompts)",
     )
-    run.add_argument("model", nargs="?", default=None, help=_MODEL_HELP + ", whose code is "
-                     "trusted by its pinned digest; then --input defaults to its prompts)")
     run.add_argument("--input", metavar="FILE",
                      help="JSONL or plain text, one input per line (needed with a MODEL; "
                      "default: the demo's prompts.txt)")
@@ -376,27 +390,27 @@ def _parser() -> argparse.ArgumentParser:
                      help="resume an --output that another model, code digest, task option or "
                      "dtype produced (OUTPUT.codeferry.json records what did; a mismatch is "
                      "refused without this flag)")
-    _common_options(run)
-    run.set_defaults(func=_cmd_run)
+    return run
 
-    lock = sub.add_parser(
-        "lock", help="write a lock file: the exact code of a model, to review and to pin",
+
+def _add_lock(sub: _Commands) -> argparse.ArgumentParser:
+    lock = _command(
+        sub, "lock", _cmd_lock,
+        help="write a lock file: the exact code of a model, to review and to pin",
         description="Static: executes nothing. See the README for the format.",
     )
-    lock.add_argument("model", nargs="?", default=None, help=_MODEL_HELP + ")")
     lock.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
-    _common_options(lock)
-    lock.set_defaults(func=_cmd_lock)
+    return lock
 
-    verify = sub.add_parser(
-        "verify", help="check a model's code against a lock file (exit 1 on any difference)",
+
+def _add_verify(sub: _Commands) -> argparse.ArgumentParser:
+    verify = _command(
+        sub, "verify", _cmd_verify,
+        help="check a model's code against a lock file (exit 1 on any difference)",
         description="Static: executes nothing.",
     )
-    verify.add_argument("model", nargs="?", default=None, help=_MODEL_HELP + ")")
     verify.add_argument("--lock", metavar="FILE", required=True, help="the lock file")
-    _common_options(verify)
-    verify.set_defaults(func=_cmd_verify)
-    return parser
+    return verify
 
 
 def main(argv: Sequence[str] | None = None) -> int:

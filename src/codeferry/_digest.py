@@ -1,0 +1,84 @@
+"""Every digest codeferry computes, in one place: the resolver, the lock, the store and
+tickets compare these strings, so a second copy of a formula is a future mismatch (or a
+future security bug, where one side would accept what the other never checked).
+
+All are sha256, written in lowercase hex, over text that is the same on every machine::
+
+    file     sha256(bytes)                                           FileEntry.sha256
+    unit     "sha256:" + sha256(for path in sorted(paths):           a store entry, the package
+                                 path "\\0" file "\\n")                codeferry._dyn.u<token>
+    bundle   "sha256:" + sha256(for (repo, path) in sorted(...):     Bundle.digest, a lock's
+                                 repo-or-"" "\\0" path "\\0" file "\\n")  digest, what trust decides on
+    token    the first 32 hex digits of a unit digest                store folders, module names
+
+A *unit* is one repo's code (the model's own, or a cross-repo reference's); a *bundle* is
+all of it. Changing a formula changes every lock file and store entry: ``tests/golden``
+pins them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+
+__all__ = [
+    "TOKEN_LENGTH", "HashedFile", "file_sha256", "unit_digest", "unit_digest_of", "bundle_digest",
+    "token_of", "is_digest", "is_token",
+]
+
+#: Hex digits of a unit digest that name it in the store and in module names.
+TOKEN_LENGTH = 32
+
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_TOKEN = re.compile(rf"[0-9a-f]{{{TOKEN_LENGTH}}}")
+
+
+def file_sha256(data: bytes) -> str:
+    """The hex sha256 of one file's bytes."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def unit_digest(files: Mapping[str, bytes]) -> str:
+    """The digest of one unit from its files (path -> bytes)."""
+    return unit_digest_of({path: file_sha256(data) for path, data in files.items()})
+
+
+def unit_digest_of(hashes: Mapping[str, str]) -> str:
+    """The digest of one unit from its files' hashes (path -> hex sha256)."""
+    lines = "".join(f"{path}\0{hashes[path]}\n" for path in sorted(hashes))
+    return "sha256:" + file_sha256(lines.encode("utf-8"))
+
+
+class HashedFile(Protocol):
+    """A file of a bundle as its digest sees it: ``FileEntry`` (resolved), ``LockedFile``."""
+
+    @property
+    def repo(self) -> str | None: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def sha256(self) -> str: ...
+
+
+def bundle_digest(files: Iterable[HashedFile]) -> str:
+    """The digest of a bundle from its files' ``(repo, path, sha256)``, in any order."""
+    ordered = sorted(files, key=lambda f: (f.repo or "", f.path))
+    lines = "".join(f"{f.repo or ''}\0{f.path}\0{f.sha256}\n" for f in ordered)
+    return "sha256:" + file_sha256(lines.encode("utf-8"))
+
+
+def token_of(digest: str) -> str:
+    """The store's and module names' short form of a unit digest (or of a token itself)."""
+    return digest.removeprefix("sha256:")[:TOKEN_LENGTH]
+
+
+def is_digest(text: object) -> bool:
+    """Whether ``text`` is a whole ``sha256:<64 hex>`` digest."""
+    return isinstance(text, str) and _DIGEST.fullmatch(text) is not None
+
+
+def is_token(text: object) -> bool:
+    """Whether ``text`` is a whole token (``token_of`` a digest)."""
+    return isinstance(text, str) and _TOKEN.fullmatch(text) is not None
