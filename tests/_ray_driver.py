@@ -130,9 +130,9 @@ def locked(model: str, other: str) -> None:
     _print({"error": None})
 
 
-def _slow_generate(ex: Any, kill: Any) -> tuple[list[Any], list[Any]]:
+def _slow_generate(ex: Any, kill: Any, copies: int = 3) -> tuple[list[Any], list[Any]]:
     """Outcomes of a run long enough to kill something in the middle of it."""
-    prompts = [f"{p} {i}" for i in range(3) for p in PROMPTS]
+    prompts = [f"{p} {i}" for i in range(copies) for p in PROMPTS]
     outcomes = []
     for outcome in ex.generate_iter(prompts, max_new_tokens=24, batch_size=2):
         outcomes.append(outcome)
@@ -178,8 +178,14 @@ def node_kill(model: str, raylet: str, pinned: str) -> None:
             killed_at.append(time.monotonic())
             os.kill(int(raylet), signal.SIGKILL)
 
-        prompts, outcomes = _slow_generate(ex, kill)
+        # Long enough for node2's actors to notice their raylet is gone (in-flight actor
+        # calls do not go through the raylet, so a short run can finish on a dying node).
+        prompts, outcomes = _slow_generate(ex, kill, copies=8)
         done = time.monotonic()
+        deadline = time.monotonic() + 60
+        while pinned == "0" and time.monotonic() < deadline and (
+                None in ex.pids or "10.200.0.2" in {i.get("node_ip") for i in ex.workers_info}):
+            time.sleep(0.2)  # node2's actor is replaced on the head (it may be, already)
         nodes_after = sorted(i.get("node_ip", "?") for i in ex.workers_info)
         broken = repr(ex._scheduler.failure)
     _print({"indices": sorted(o.index for o in outcomes), "n": len(prompts),

@@ -161,7 +161,7 @@ def test_codeferry_run_backend_ray_killed_and_resumed(
 @pytest.mark.parametrize("pinned", ["0", "1"], ids=["finishes-on-head", "no-node-left"])
 def test_node2_dies_mid_run(cluster: _raycluster.Cluster, models: dict[str, Path],
                             pinned: str) -> None:
-    raylets = cluster.node2_pids("raylet")
+    raylets = cluster.node2_pids("/raylet/raylet ")
     assert raylets, "node2's raylet is running"
     try:
         out = cluster.driver("node_kill", str(models["plain"]), str(raylets[0]), pinned,
@@ -172,6 +172,7 @@ def test_node2_dies_mid_run(cluster: _raycluster.Cluster, models: dict[str, Path
     if pinned == "0":
         assert out["nodes_before"] == [_raycluster.HEAD_IP, _raycluster.NODE2_IP]
         assert out["errors"] == [] and out["ok"] == out["n"]
+        assert out["nodes_after"] == [_raycluster.HEAD_IP] * 2  # node2's actor moved
     else:
         # Every actor needs node2: the run fails, typed, within a bounded time.
         assert out["errors"] and set(out["errors"]) <= {"BrokenExecutorError", "BatchFailedError"}

@@ -309,6 +309,7 @@ class RayTransport:
     """Workers as Ray actors: ``address`` (or ``RAY_ADDRESS``) names the cluster."""
 
     name = "ray"
+    depth = 3  # an actor call costs more than a pipe message: keep one more in flight
 
     @staticmethod
     def pack(payload: Any) -> bytes:

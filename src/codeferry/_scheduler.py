@@ -49,11 +49,6 @@ __all__ = ["Batch", "Call", "Outcome", "Scheduler"]
 
 logger = logging.getLogger(__name__)
 
-#: Batches sent ahead to each worker (the one it runs, and the next): the next one is
-#: already there when the current one finishes, so the round trip hides behind compute.
-QUEUE_DEPTH = 2
-
-
 @dataclass(frozen=True)
 class Outcome:
     """The result for input ``index``: ``value``, or ``error`` when its batch failed."""
@@ -396,7 +391,7 @@ class Scheduler:
 
     def _dispatch(self) -> None:
         now = time.monotonic()
-        for depth in range(1, QUEUE_DEPTH + 1):  # one each first, then the next level
+        for depth in range(1, self.transport.depth + 1):  # one each first, then the next
             for slot in self._slots:
                 if slot.state != "ready" or len(slot.queue) >= depth:
                     continue

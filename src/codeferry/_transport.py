@@ -73,6 +73,10 @@ class Channel(Protocol):
 
 class Transport(Protocol):
     name: str
+    #: Requests sent ahead to each worker (the one it runs, and the next ones): the next
+    #: one is already there when the current one finishes, so the round trip hides
+    #: behind compute.
+    depth: int
 
     def pack(self, payload: Any) -> bytes:
         """A request's payload as this kind of worker unpickles it."""
@@ -89,6 +93,7 @@ class LocalTransport:
     """Worker processes on this machine: started with ``start_method``, or forked warm."""
 
     name = "local"
+    depth = 2
     #: Another process on this machine: tickets carry digests, the store has the bytes.
     pack = staticmethod(pack)
 
