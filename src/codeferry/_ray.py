@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ._source import hub_cache_dir, list_files
+from ._source import WEIGHT_SUFFIXES, hub_cache_dir, list_files
 from ._store import store_root
 from ._transport import Event, Post
 from ._worker import WorkerSpec, error_payload, remote_error, unpack_reply
@@ -45,14 +45,12 @@ from .errors import ClusterError, ExtraMissingError, WeightsTooLargeError
 
 __all__ = ["Ferry", "RayTransport", "build_ferry", "is_weight", "materialize", "ship_limit"]
 
-#: Weights travel one object each and may come from a node's own cache instead; every
-#: other file (code, configs, tokenizer) travels in one object with the rest.
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack",
-                   ".gguf", ".onnx", ".npz")
 DEFAULT_SHIP_LIMIT = 2 << 30
 
 
 def is_weight(rel: str) -> bool:
+    """Weights travel one object each and may come from a node's own cache instead; every
+    other file (code, configs, tokenizer) travels in one object with the rest."""
     return rel.endswith(WEIGHT_SUFFIXES)
 
 

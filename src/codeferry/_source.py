@@ -48,7 +48,8 @@ MAX_SOURCE_BYTES = 8 * 1024 * 1024
 #: Llama-3's tokenizer.json is 9 MB. They get their own, much larger limit.
 MAX_ASSET_BYTES = 1024 * 1024 * 1024
 #: Weights are data, never code or an asset of it: not hashed, and not fetched for the code.
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf",
+                   ".onnx", ".npz")
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _SKIP_DIRS = frozenset({"__pycache__", ".git", ".cache", ".hf", ".ipynb_checkpoints"})
