@@ -105,6 +105,8 @@ def _worker(index: int, model: str, revision: str | None, lock: Lock | None,
                     if model_obj.config_class is not type(config):
                         raise TypeError(f"{cls.__name__}.config_class is not the config's class")
                     built.append(key)
+                    if key == "AutoModelForCausalLM":
+                        checks["generate_path"] = _generate_path(model_obj)
         checks["models_built"] = built
         if config_cls is not None and type(config) is not config_cls:
             raise TypeError("the received config is not an instance of the loaded config class")
@@ -113,6 +115,16 @@ def _worker(index: int, model: str, revision: str | None, lock: Lock | None,
         conn.send(("error", os.getpid(), time.perf_counter() - start, error_payload(exc)))
     finally:
         conn.close()
+
+
+def _generate_path(model: Any) -> dict[str, str]:
+    """Whether continuous batching works for this architecture (a greedy probe on the
+    random weights), and the path an executor worker takes on CPU and on an accelerator."""
+    from ._generation import choose_path
+
+    path, reason = choose_path(model.eval(), "continuous", "cpu", None)
+    return {"continuous_batching": "works" if path == "continuous" else reason,
+            "cpu": "batched", "accelerator": path}
 
 
 def doctor(
@@ -188,6 +200,11 @@ def render_doctor(report: DoctorReport) -> str:
         if w.ok:
             built = ", ".join(w.checks.get("models_built", [])) or "no model classes"
             lines.append(f"  worker {w.worker}  ok     {w.seconds or 0:.2f}s  built {built}")
+            gen = w.checks.get("generate_path")
+            if gen:
+                lines.append(f"    generate: {gen['cpu']} batching on cpu, {gen['accelerator']} "
+                             f"on an accelerator (continuous batching: "
+                             f"{gen['continuous_batching']})")
         else:
             err = w.error
             kind = type(err).__name__

@@ -40,10 +40,11 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, Literal
 
+from ._batching import batch_limits, estimate_tokens, fixed_batches, plan_batches
 from ._checks import check_device, check_main_guard, dtype_name
 from ._lockfile import Lock, read_lock
 from ._resolve import resolve
-from ._worker import WorkerSpec, pack, remote_error, worker_main
+from ._worker import DEFAULT_NEW_TOKENS, WorkerSpec, pack, remote_error, worker_main
 from .errors import (
     BatchFailedError,
     CodeChangedError,
@@ -60,6 +61,8 @@ logger = logging.getLogger(__name__)
 
 #: Batches sent ahead to each worker (the one it runs, and the next).
 QUEUE_DEPTH = 2
+#: Inputs sorted by length together: a stream's outputs are held back at most this many.
+BATCH_WINDOW = 1024
 
 
 @dataclass(frozen=True)
@@ -134,7 +137,9 @@ class Executor:
         trust_remote_code: bool = False,
         lock: Lock | str | os.PathLike[str] | None = None,
         revision: str | None = None,
-        batch_size: int = 8,
+        batch_size: int | None = None,
+        max_batch_tokens: int | None = None,
+        generate_path: Literal["auto", "continuous", "batched"] = "auto",
         max_retries: int = 2,
         threads_per_worker: int | None = None,
         preload: Sequence[str] = ("generate",),
@@ -175,7 +180,10 @@ class Executor:
         self.digest = bundle.digest
         #: Set when the model's code changed under a running executor: every call raises it.
         self._failure: CodeChangedError | None = None
+        #: A fixed count per batch, in input order; ``None``: batches planned by tokens.
         self.batch_size = batch_size
+        #: Padded tokens per planned batch (``None``: the device's default, ``_batching``).
+        self.max_batch_tokens, self.max_batch_size = batch_limits(device, max_batch_tokens)
         self.max_retries = max_retries
         self.startup_timeout = startup_timeout
         self.warm = warm
@@ -186,7 +194,7 @@ class Executor:
         self._specs = [
             WorkerSpec(self.model, revision, trust_remote_code, locked,
                        _device_for(device, slot), dtype, threads, tuple(preload), self.digest,
-                       cache)
+                       cache, generate_path)
             for slot in range(workers)
         ]
         self._workers: list[_Worker | None] = [None] * workers
@@ -335,6 +343,11 @@ class Executor:
             self.close()
 
     @property
+    def worker_info(self) -> list[dict[str, Any]]:
+        """Each worker's ready message: ``classes``, ``generate_path`` and its reason."""
+        return [dict(w.info) if w else {} for w in self._workers]
+
+    @property
     def pids(self) -> list[int | None]:
         return [(w.pid or w.process.pid) if w else None for w in self._workers]
 
@@ -429,13 +442,21 @@ class Executor:
 
     def _batches(self, kind: str, inputs: Sequence[Any], extra: dict[str, Any],
                  batch_size: int | None) -> list[_Batch]:
+        """A fixed ``batch_size``: consecutive batches of that many. Otherwise inputs of
+        similar length, within windows of ``BATCH_WINDOW``, ``max_batch_tokens`` padded
+        tokens a batch (generate counts the new tokens of every row), cut into batches of
+        about equal cost, a multiple of the workers (``_batching``)."""
         size = batch_size or self.batch_size
-        return [
-            _Batch(kind, list(range(start, min(start + size, len(inputs)))),
-                   {"texts": list(inputs[start:start + size]), **extra},
-                   list(inputs[start:start + size]))
-            for start in range(0, len(inputs), size)
-        ]
+        if size:
+            plan = fixed_batches(len(inputs), size)
+        else:
+            new = int(extra.get("options", {}).get("max_new_tokens") or DEFAULT_NEW_TOKENS)
+            lengths = [estimate_tokens(x) + (new if kind == "generate" else 0) for x in inputs]
+            plan = plan_batches(lengths, max_batch_tokens=self.max_batch_tokens,
+                                max_batch_size=self.max_batch_size, window=BATCH_WINDOW,
+                                spread=len(self._workers))
+        return [_Batch(kind, indices, {"texts": [inputs[i] for i in indices], **extra},
+                       [inputs[i] for i in indices]) for indices in plan]
 
     def _collect(self, outcomes: Iterator[Outcome], n: int) -> list[Any]:
         results: list[Any] = [None] * n
