@@ -25,6 +25,7 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--eager", action="store_true", help="enforce_eager=True")
     args = parser.parse_args()
     prompts = json.loads(args.prompts.read_text())
     result: dict[str, Any] = {}
@@ -32,7 +33,8 @@ def main() -> None:
     try:
         from vllm import LLM, SamplingParams
 
-        llm = LLM(model=args.model, dtype="float32", max_model_len=256, seed=0)
+        llm = LLM(model=args.model, dtype="float32", max_model_len=256, seed=0,
+                  enforce_eager=args.eager)
         result["startup_s"] = time.perf_counter() - started
         params = SamplingParams(temperature=0.0, max_tokens=args.new_tokens,
                                 min_tokens=args.new_tokens, ignore_eos=True)

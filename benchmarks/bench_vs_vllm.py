@@ -41,8 +41,9 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 import bench_executor as be  # noqa: E402 - stdlib only at import
 
-#: The best setting measured on 2 cores (README "Throughput"); --best overrides it.
-BEST = {"workers": 2, "max_batch_tokens": 4096}
+#: Settings tried besides the defaults (--setting replaces them): one worker on every
+#: core, and token budgets that cut this workload into more, or fewer, batches.
+SETTINGS = ('{"workers": 1}', '{"max_batch_tokens": 1024}', '{"max_batch_tokens": 8192}')
 
 
 def _cpu_seconds(worker: Any) -> float:
@@ -94,7 +95,7 @@ def executor_way(label: str, path: str, prompts: list[str], options: dict[str, A
 
 
 def vllm_way(python: str, path: str, prompts: list[str], new: int, reps: int,
-             root: Path) -> tuple[Way | None, str]:
+             root: Path, eager: bool) -> tuple[Way | None, str]:
     import _vllm_child  # tests/: run_in_group, shared with bench_vllm.py
 
     (root / "prompts.json").write_text(json.dumps(prompts))
@@ -106,12 +107,14 @@ def vllm_way(python: str, path: str, prompts: list[str], new: int, reps: int,
     with open(root / "vllm.log", "wb") as log:
         _vllm_child.run_in_group(
             [python, str(HERE / "_vllm_throughput.py"), path, str(root / "prompts.json"),
-             str(out), "--new-tokens", str(new), "--reps", str(reps)],
+             str(out), "--new-tokens", str(new), "--reps", str(reps)]
+            + (["--eager"] if eager else []),
             env=env, stdout=log, timeout=1800)
     result = json.loads(out.read_text()) if out.exists() else {"error": "no result (see log)"}
     if "error" in result:
         return None, str(result["error"])[:300]
-    way = Way("vLLM CPU (one engine)", lambda: [], result["startup_s"], "paged")
+    way = Way(f"vLLM CPU (one engine{', enforce_eager' if eager else ''})", lambda: [],
+              result["startup_s"], "paged")
     way.times = result["times"]
     texts: list[str] = result["texts"]
     return way, json.dumps(texts)
@@ -139,12 +142,12 @@ def generate_table(args: argparse.Namespace, llama: str, root: Path) -> None:
     vllm, vllm_texts = (None, "not run (no --vllm-python)")
     if args.vllm_python:
         vllm, vllm_texts = vllm_way(args.vllm_python, llama, prompts, args.new_tokens,
-                                    args.reps, root)
-    best = json.loads(args.best)
-    ways = [
-        executor_way("codeferry Executor, defaults", llama, prompts, options, lengths),
-        executor_way(f"codeferry Executor, best: {args.best}", llama, prompts, options,
-                     lengths, **best),
+                                    args.reps, root, args.vllm_eager)
+    ways = [executor_way("codeferry Executor, defaults", llama, prompts, options, lengths)]
+    for setting in args.setting:
+        ways.append(executor_way(f"codeferry Executor, {setting}", llama, prompts, options,
+                                 lengths, **json.loads(setting)))
+    ways += [
         executor_way("codeferry Executor, continuous batching (forced)", llama, prompts,
                      options, lengths, generate_path="continuous"),
         executor_way("codeferry Executor, batch_size=8 (the old default)", llama, prompts,
@@ -167,6 +170,9 @@ def generate_table(args: argparse.Namespace, llama: str, root: Path) -> None:
           f"median of {args.reps} calls after a warm-up\n")
     print("| way | items/s | vs vLLM | start-up s | items/CPU-s | padding | batches |")
     print("|---|---:|---:|---:|---:|---:|---|")
+    tried = ways[:1 + len(args.setting)]
+    best = min(tried, key=lambda way: statistics.median(way.times))
+    best.label += " **(best setting)**"
     for way in rows:
         rate = len(prompts) / statistics.median(way.times)
         ratio = f"{base / statistics.median(way.times):.2f}x" if base else "-"
@@ -214,10 +220,15 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=128)
     parser.add_argument("--texts", type=int, default=256, help="embed inputs")
     parser.add_argument("--new-tokens", type=int, default=16)
-    parser.add_argument("--best", default=json.dumps(BEST),
-                        help="Executor settings of the 'best' row, as JSON")
+    parser.add_argument("--setting", action="append", default=None,
+                        help="Executor settings (JSON) tried besides the defaults; the fastest "
+                        "of them and the defaults is marked best. Repeat for more; default: "
+                        + " ".join(SETTINGS))
     parser.add_argument("--no-embed", action="store_true")
+    parser.add_argument("--vllm-eager", action="store_true",
+                        help="vLLM with enforce_eager=True (no torch.compile: faster start-up)")
     args = parser.parse_args()
+    args.setting = args.setting or list(SETTINGS)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="codeferry-bench-vs-vllm-") as name:
         root = Path(name)

@@ -116,3 +116,17 @@ def test_models_continuous_batching_cannot_run_fall_back_with_the_same_outputs(
 def test_an_unknown_generate_path_fails_the_worker_start(llama: Path) -> None:
     with pytest.raises(codeferry.errors.WorkerStartupError, match="generate_path must be one of"):
         run(llama, PROMPTS[:1], {}, generate_path="fastest")
+
+
+def test_doctor_says_which_path_a_model_takes(llama: Path) -> None:
+    from codeferry._doctor import doctor, render_doctor
+
+    works = doctor(str(llama), workers=1, start_method="fork")
+    assert works.workers[0].checks["generate_path"] == {
+        "cpu": "batched", "accelerator": "continuous",
+        "reason": "a greedy probe matched generate token for token"}
+    assert "generate: batched on cpu, continuous on an accelerator" in render_doctor(works)
+    demo = doctor(cli._demo(), workers=1, start_method="fork", trust_remote_code=True)
+    line = render_doctor(demo)
+    assert "generate: batched on cpu, batched on an accelerator (continuous batching does not " \
+           "work for this model: ValueError: num_key_value_heads" in line

@@ -108,6 +108,10 @@ def _worker(index: int, model: str, revision: str | None, lock: Lock | None,
                     if key == "AutoModelForCausalLM":
                         checks["generate_path"] = _generate_path(model_obj)
         checks["models_built"] = built
+        if "generate_path" not in checks:  # a plain architecture: transformers' own class
+            causal = _plain_causal_lm(config)
+            if causal is not None:
+                checks["generate_path"] = _generate_path(causal)
         if config_cls is not None and type(config) is not config_cls:
             raise TypeError("the received config is not an instance of the loaded config class")
         conn.send(("ok", os.getpid(), time.perf_counter() - start, checks))
@@ -117,14 +121,23 @@ def _worker(index: int, model: str, revision: str | None, lock: Lock | None,
         conn.close()
 
 
+def _plain_causal_lm(config: Any) -> Any:
+    """transformers' own causal LM for ``config`` (random weights), or ``None``."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_config(config)
+    except (ValueError, KeyError, TypeError):  # no causal head for this config
+        return None
+
+
 def _generate_path(model: Any) -> dict[str, str]:
     """Whether continuous batching works for this architecture (a greedy probe on the
     random weights), and the path an executor worker takes on CPU and on an accelerator."""
     from ._generation import choose_path
 
     path, reason = choose_path(model.eval(), "continuous", "cpu", None)
-    return {"continuous_batching": "works" if path == "continuous" else reason,
-            "cpu": "batched", "accelerator": path}
+    return {"cpu": "batched", "accelerator": path, "reason": reason.rstrip(":")}
 
 
 def doctor(
@@ -202,9 +215,8 @@ def render_doctor(report: DoctorReport) -> str:
             lines.append(f"  worker {w.worker}  ok     {w.seconds or 0:.2f}s  built {built}")
             gen = w.checks.get("generate_path")
             if gen:
-                lines.append(f"    generate: {gen['cpu']} batching on cpu, {gen['accelerator']} "
-                             f"on an accelerator (continuous batching: "
-                             f"{gen['continuous_batching']})")
+                lines.append(f"    generate: {gen['cpu']} on cpu, {gen['accelerator']} on an "
+                             f"accelerator ({gen['reason']})")
         else:
             err = w.error
             kind = type(err).__name__
