@@ -113,8 +113,8 @@ def test_models_continuous_batching_cannot_run_fall_back_with_the_same_outputs(
     assert asked == batched
 
 
-def test_an_unknown_generate_path_fails_the_worker_start(llama: Path) -> None:
-    with pytest.raises(codeferry.errors.WorkerStartupError, match="generate_path must be one of"):
+def test_an_unknown_generate_path_is_refused_before_any_worker_starts(llama: Path) -> None:
+    with pytest.raises(ValueError, match="generate_path must be 'auto', 'continuous' or"):
         run(llama, PROMPTS[:1], {}, generate_path="fastest")
 
 

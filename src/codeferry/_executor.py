@@ -121,6 +121,12 @@ class Executor:
     with ``start_method``: seconds saved per worker, and each still loads and verifies
     the code itself.
 
+    Batches: ``batch_size`` fixes the inputs per batch; by default inputs of similar length
+    are batched together, ``max_batch_tokens`` padded tokens a batch (``_batching``).
+    ``generate_path``: ``"auto"`` (continuous batching on an accelerator when the model
+    supports it, batched ``generate`` otherwise), ``"continuous"`` or ``"batched"``; each
+    worker's choice is in ``worker_info`` (``_generation``).
+
     Refused before any worker starts (``_checks``): a ``device`` this machine's torch
     cannot use (``DeviceError``), and spawn or forkserver workers started by a main script
     outside ``if __name__ == "__main__":`` (``MainGuardError``).
@@ -150,6 +156,9 @@ class Executor:
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
+        if generate_path not in ("auto", "continuous", "batched"):
+            raise ValueError(f"generate_path must be 'auto', 'continuous' or 'batched', "
+                             f"got {generate_path!r}")
         # Mistakes a worker would only report as an exit code: refused here, typed.
         check_main_guard("spawn" if warm else start_method)  # the zygote is spawned
         check_device(device)
@@ -182,7 +191,7 @@ class Executor:
         self._failure: CodeChangedError | None = None
         #: A fixed count per batch, in input order; ``None``: batches planned by tokens.
         self.batch_size = batch_size
-        #: Padded tokens per planned batch (``None``: the device's default, ``_batching``).
+        #: Padded tokens and rows per planned batch (the device's defaults: ``_batching``).
         self.max_batch_tokens, self.max_batch_size = batch_limits(device, max_batch_tokens)
         self.max_retries = max_retries
         self.startup_timeout = startup_timeout
@@ -445,7 +454,8 @@ class Executor:
         """A fixed ``batch_size``: consecutive batches of that many. Otherwise inputs of
         similar length, within windows of ``BATCH_WINDOW``, ``max_batch_tokens`` padded
         tokens a batch (generate counts the new tokens of every row), cut into batches of
-        about equal cost, a multiple of the workers (``_batching``)."""
+        about equal cost, a multiple of workers x ``QUEUE_DEPTH`` (``_batching``): each
+        worker is sent that many at once, so fewer would leave a worker idle."""
         size = batch_size or self.batch_size
         if size:
             plan = fixed_batches(len(inputs), size)
@@ -454,7 +464,7 @@ class Executor:
             lengths = [estimate_tokens(x) + (new if kind == "generate" else 0) for x in inputs]
             plan = plan_batches(lengths, max_batch_tokens=self.max_batch_tokens,
                                 max_batch_size=self.max_batch_size, window=BATCH_WINDOW,
-                                spread=len(self._workers))
+                                spread=len(self._workers) * QUEUE_DEPTH)
         return [_Batch(kind, indices, {"texts": [inputs[i] for i in indices], **extra},
                        [inputs[i] for i in indices]) for indices in plan]
 
