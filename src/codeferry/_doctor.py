@@ -126,7 +126,7 @@ def _plain_causal_lm(config: Any) -> Any:
     from transformers import AutoModelForCausalLM
 
     try:
-        return AutoModelForCausalLM.from_config(config)
+        return AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]  # untyped upstream
     except (ValueError, KeyError, TypeError):  # no causal head for this config
         return None
 
