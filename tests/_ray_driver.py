@@ -75,7 +75,7 @@ def across(model: str, cache_dir: str = "") -> None:
         assert not Path(shipped).exists()
         got = {"generate": ex.generate(PROMPTS, max_new_tokens=4),
                "embed": ex.embed(PROMPTS), "score": ex.score(PROMPTS)}
-        info = ex.workers_info
+        info = ex.worker_info
         per_node = ex.collective_rpc(_where)
         heads = ex.collective_rpc(_cross_repo_head)
     same = {kind: _close(got[kind], expected[kind]) for kind in got}
@@ -146,13 +146,13 @@ def actor_kill(model: str) -> None:
 
     with codeferry.Executor(model, backend="ray", workers=2, trust_remote_code=True,
                             max_retries=2) as ex:
-        before = [(i["node_ip"], i["pid"]) for i in ex.workers_info]
+        before = [(i["node_ip"], i["pid"]) for i in ex.worker_info]
         victim = next(pid for ip, pid in before if ip == "10.200.0.2")
         prompts, outcomes = _slow_generate(ex, lambda: os.kill(victim, signal.SIGKILL))
         deadline = time.monotonic() + 90
         while (victim in ex.pids or None in ex.pids) and time.monotonic() < deadline:
             time.sleep(0.2)  # the replacement is ready (it may be, already)
-        after = [(i["node_ip"], i["pid"]) for i in ex.workers_info]
+        after = [(i["node_ip"], i["pid"]) for i in ex.worker_info]
         again = ex.generate(prompts, max_new_tokens=24, batch_size=2)
     _print({"indices": sorted(o.index for o in outcomes),
             "errors": [repr(o.error) for o in outcomes if o.error is not None],
@@ -171,7 +171,7 @@ def node_kill(model: str, raylet: str, pinned: str) -> None:
         options["ray_resources"] = {"num_cpus": 0, "resources": {"node2": 0.01}}
     start = time.monotonic()
     with codeferry.Executor(model, **options) as ex:
-        nodes_before = sorted(i["node_ip"] for i in ex.workers_info)
+        nodes_before = sorted(i["node_ip"] for i in ex.worker_info)
         killed_at: list[float] = []
 
         def kill() -> None:
@@ -184,9 +184,9 @@ def node_kill(model: str, raylet: str, pinned: str) -> None:
         done = time.monotonic()
         deadline = time.monotonic() + 60
         while pinned == "0" and time.monotonic() < deadline and (
-                None in ex.pids or "10.200.0.2" in {i.get("node_ip") for i in ex.workers_info}):
+                None in ex.pids or "10.200.0.2" in {i.get("node_ip") for i in ex.worker_info}):
             time.sleep(0.2)  # node2's actor is replaced on the head (it may be, already)
-        nodes_after = sorted(i.get("node_ip", "?") for i in ex.workers_info)
+        nodes_after = sorted(i.get("node_ip", "?") for i in ex.worker_info)
         broken = repr(ex._scheduler.failure)
     _print({"indices": sorted(o.index for o in outcomes), "n": len(prompts),
             "errors": sorted({type(o.error).__name__ for o in outcomes if o.error}),
@@ -203,7 +203,7 @@ def hub_weights(model: str) -> None:
     try:
         with codeferry.Executor(model, backend="ray", workers=2, trust_remote_code=True) as ex:
             out = ex.generate(PROMPTS[:4], max_new_tokens=2)
-            _print({"ferry": {i["node_ip"]: i["ferry"] for i in ex.workers_info},
+            _print({"ferry": {i["node_ip"]: i["ferry"] for i in ex.worker_info},
                     "n": len(out)})
     except codeferry.errors.WorkerStartupError as exc:
         cause = exc.__cause__

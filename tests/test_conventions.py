@@ -152,7 +152,7 @@ def test_an_uninstalled_source_tree_reads_its_pyproject(tmp_path: Path) -> None:
 #: here.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
-    ("_version", "_digest", "_graph", "_automap", "_source", "_checks"),  # pure
+    ("_version", "_digest", "_graph", "_automap", "_source", "_checks", "_batching"),  # pure
     ("_audit_findings", "_audit_rules", "_audit_names", "_audit_visitor"),  # pure: the audit
     ("_requirements", "_store", "_policy", "_hub"),
     ("_resolve",),
@@ -161,6 +161,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_pickling",),
     ("_transformers", "_saving"),
     ("_api", "_adopt", "_model_types"),
+    ("_generation",),
     ("_worker", "_vllm"),
     ("_zygote",),
     ("_transport", "_ray"),  # how the scheduler reaches workers: local processes, Ray actors

@@ -391,9 +391,10 @@ def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
     assert ("100", "8") in {(pct, done) for pct, done, _, _ in frames}
     assert "starting 1 worker (fork)..." in text
     screen = [line for line in _screen(text) if line]
-    # what the terminal shows at the end: the results, whole and in order, then the
-    # summary; the bar took itself off the screen
-    rows = [json.loads(line) for line in screen[:-1]]
+    # what the terminal shows at the end: how the workers generate, the results, whole and
+    # in order, then the summary; the bar took itself off the screen
+    assert screen[0].startswith("generating by batched batching (cpu: "), screen[0]
+    rows = [json.loads(line) for line in screen[1:-1]]
     assert [row["id"] for row in rows] == list(range(1, 9))
     assert re.fullmatch(r"8 written, 0 failed, in \d+:\d\d", screen[-1])
     piped = subprocess.run(args("--output", str(tmp_path / "again.jsonl")), capture_output=True,

@@ -98,10 +98,35 @@ def doctor_checks(worker: Any, config_bytes: bytes) -> dict[str, Any]:
             if model_obj.config_class is not type(config):
                 raise TypeError(f"{cls.__name__}.config_class is not the config's class")
             built.append(key)
+            if key == "AutoModelForCausalLM":
+                checks["generate_path"] = _generate_path(model_obj)
     checks["models_built"] = built
+    if "generate_path" not in checks:  # a plain architecture: transformers' own class
+        causal = _plain_causal_lm(config)
+        if causal is not None:
+            checks["generate_path"] = _generate_path(causal)
     if config_cls is not None and type(config) is not config_cls:
         raise TypeError("the received config is not an instance of the loaded config class")
     return checks
+
+
+def _plain_causal_lm(config: Any) -> Any:
+    """transformers' own causal LM for ``config`` (random weights), or ``None``."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]  # untyped upstream
+    except (ValueError, KeyError, TypeError):  # no causal head for this config
+        return None
+
+
+def _generate_path(model: Any) -> dict[str, str]:
+    """Whether continuous batching works for this architecture (a greedy probe on the
+    random weights), and the path an executor worker takes on CPU and on an accelerator."""
+    from ._generation import choose_path
+
+    path, reason = choose_path(model.eval(), "continuous", "cpu", None)
+    return {"cpu": "batched", "accelerator": path, "reason": reason.rstrip(":")}
 
 
 def doctor(
@@ -207,6 +232,10 @@ def render_doctor(report: DoctorReport) -> str:
         if w.ok:
             built = ", ".join(w.checks.get("models_built", [])) or "no model classes"
             lines.append(f"  worker {w.worker}  ok     {w.seconds or 0:.2f}s  built {built}{at}")
+            gen = w.checks.get("generate_path")
+            if gen:
+                lines.append(f"    generate: {gen['cpu']} on cpu, {gen['accelerator']} on an "
+                             f"accelerator ({gen['reason']})")
         else:
             err = w.error
             kind = type(err).__name__

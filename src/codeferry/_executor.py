@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, Literal
 
+from ._batching import batch_limits, estimate_tokens, fixed_batches, plan_batches
 from ._checks import check_device, check_main_guard, dtype_name
 from ._loader import units_of
 from ._lockfile import Lock
@@ -33,12 +34,15 @@ from ._resolve import resolve
 from ._scheduler import Batch, Call, Outcome, Scheduler
 from ._transport import LocalTransport, Transport
 from ._trust import code_changed, decide, record
-from ._worker import WorkerSpec
+from ._worker import DEFAULT_NEW_TOKENS, WorkerSpec
 
 __all__ = ["Executor", "Outcome"]
 
 StartMethod = Literal["spawn", "forkserver", "fork"]
 Backend = Literal["local", "ray"]
+
+#: Inputs sorted by length together: a stream's outputs are held back at most this many.
+BATCH_WINDOW = 1024
 
 
 def needed_classes(tasks: Sequence[str]) -> set[str]:
@@ -68,6 +72,12 @@ class Executor:
     with ``start_method``: seconds saved per worker, and each still loads and verifies
     the code itself.
 
+    Batches: ``batch_size`` fixes the inputs per batch; by default inputs of similar length
+    are batched together, ``max_batch_tokens`` padded tokens a batch (``_batching``).
+    ``generate_path``: ``"auto"`` (continuous batching on an accelerator when the model
+    supports it, batched ``generate`` otherwise), ``"continuous"`` or ``"batched"``; each
+    worker's choice is in ``worker_info`` (``_generation``).
+
     Refused before any worker starts (``_checks``): a ``device`` this machine's torch
     cannot use (``DeviceError``), and spawn or forkserver workers started by a main script
     outside ``if __name__ == "__main__":`` (``MainGuardError``).
@@ -96,7 +106,9 @@ class Executor:
         trust_remote_code: bool = False,
         lock: Lock | str | os.PathLike[str] | None = None,
         revision: str | None = None,
-        batch_size: int = 8,
+        batch_size: int | None = None,
+        max_batch_tokens: int | None = None,
+        generate_path: Literal["auto", "continuous", "batched"] = "auto",
         max_retries: int = 2,
         threads_per_worker: int | None = None,
         preload: Sequence[str] = ("generate",),
@@ -113,6 +125,9 @@ class Executor:
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
+        if generate_path not in ("auto", "continuous", "batched"):
+            raise ValueError(f"generate_path must be 'auto', 'continuous' or 'batched', "
+                             f"got {generate_path!r}")
         if backend == "local":
             # Mistakes a worker would only report as an exit code: refused here, typed.
             check_main_guard("spawn" if warm else start_method)  # the zygote is spawned
@@ -134,7 +149,10 @@ class Executor:
         self.model = str(bundle.source.root)
         #: The code decided on here; every worker, and every replacement, runs exactly it.
         self.digest = bundle.digest
+        #: A fixed count per batch, in input order; ``None``: batches planned by tokens.
         self.batch_size = batch_size
+        #: Padded tokens and rows per planned batch (the device's defaults: ``_batching``).
+        self.max_batch_tokens, self.max_batch_size = batch_limits(device, max_batch_tokens)
         self.max_retries = max_retries
         self.startup_timeout = startup_timeout
         self.batch_timeout = batch_timeout
@@ -146,7 +164,7 @@ class Executor:
         specs = [
             WorkerSpec(self.model, revision, trust_remote_code, locked,
                        device if backend == "ray" else _device_for(device, slot), dtype, threads, tuple(preload), self.digest,
-                       cache)
+                       cache, generate_path)
             for slot in range(workers)
         ]
         transport: Transport
@@ -196,8 +214,9 @@ class Executor:
         return self._scheduler.pids
 
     @property
-    def workers_info(self) -> list[dict[str, Any]]:
-        """What each worker reported when it became ready (classes, node, generate path)."""
+    def worker_info(self) -> list[dict[str, Any]]:
+        """Each worker's ready message: ``classes``, ``generate_path`` and its reason (and
+        with Ray its node and what reached it there)."""
         return self._scheduler.info()
 
     # -- scheduling -----------------------------------------------------------------------
@@ -210,13 +229,22 @@ class Executor:
 
     def _batches(self, kind: str, inputs: Sequence[Any], extra: dict[str, Any],
                  batch_size: int | None, call: Call) -> list[Batch]:
+        """A fixed ``batch_size``: consecutive batches of that many. Otherwise inputs of
+        similar length, within windows of ``BATCH_WINDOW``, ``max_batch_tokens`` padded
+        tokens a batch (generate counts the new tokens of every row), cut into batches of
+        about equal cost, a multiple of workers x the transport's depth (``_batching``):
+        each worker is sent that many at once, so fewer would leave a worker idle."""
         size = batch_size or self.batch_size
-        return [
-            Batch(kind, list(range(start, min(start + size, len(inputs)))),
-                  {"texts": list(inputs[start:start + size]), **extra},
-                  list(inputs[start:start + size]), call)
-            for start in range(0, len(inputs), size)
-        ]
+        if size:
+            plan = fixed_batches(len(inputs), size)
+        else:
+            new = int(extra.get("options", {}).get("max_new_tokens") or DEFAULT_NEW_TOKENS)
+            lengths = [estimate_tokens(x) + (new if kind == "generate" else 0) for x in inputs]
+            plan = plan_batches(lengths, max_batch_tokens=self.max_batch_tokens,
+                                max_batch_size=self.max_batch_size, window=BATCH_WINDOW,
+                                spread=len(self._scheduler.specs) * self._scheduler.transport.depth)
+        return [Batch(kind, indices, {"texts": [inputs[i] for i in indices], **extra},
+                      [inputs[i] for i in indices], call) for indices in plan]
 
     def _submit(self, kind: str, inputs: Sequence[Any], extra: dict[str, Any],
                 batch_size: int | None, *, stream: bool) -> Call:

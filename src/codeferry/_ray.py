@@ -218,8 +218,7 @@ class RayWorker:
                                           cache_dir=str(cross) if cross.is_dir() else None))
         except BaseException as exc:  # noqa: BLE001 - the handshake carries it to the driver
             return ("failed", os.getpid(), error_payload(exc), node)
-        info = {"classes": sorted(self.engine.classes), **node, "ferry": stats,
-                "folder": str(folder)}
+        info = {**self.engine.info(), **node, "ferry": stats, "folder": str(folder)}
         return ("ready", os.getpid(), info)
 
     def handle(self, kind: str, payload: bytes) -> tuple[str, Any]:

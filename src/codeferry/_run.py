@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import multiprocessing.util
 import os
@@ -87,6 +88,8 @@ __all__ = [
     "read_inputs",
     "run",
 ]
+
+logger = logging.getLogger(__name__)
 
 Task = Literal["generate", "embed", "score"]
 TASKS: tuple[Task, ...] = ("generate", "embed", "score")
@@ -675,8 +678,9 @@ def run(
     """Run ``task`` on every input of ``input_path``; write JSONL to ``output`` (``None``:
     ``stdout``), resuming an output that already holds some ids.
 
-    ``batch_size`` defaults to 8, smaller when there are fewer than 8 inputs per worker;
-    no more workers start than there are batches. ``progress`` (default: whether ``stderr``
+    ``batch_size`` fixes the inputs per batch; by default the executor groups inputs of
+    similar length into batches of a token budget (``Executor(max_batch_tokens=)``). No
+    more workers start than there are inputs (or batches of ``batch_size``). ``progress`` (default: whether ``stderr``
     is a terminal) draws a progress bar on ``stderr``. ``force_resume`` appends to an output
     that another model, code digest or option set produced (refused otherwise). ``dtype``
     is a ``torch.dtype`` or its name; ``cache_dir`` the hub cache that holds ``model``, a
@@ -733,7 +737,7 @@ def run(
             executor = Executor(
                 str(bundle.source.root), workers=count, start_method=start_method,
                 device=device, dtype=dtype, trust_remote_code=decision.trust_remote_code,
-                lock=decision.lock, revision=revision, batch_size=size, preload=(task,),
+                lock=decision.lock, revision=revision, batch_size=batch_size, preload=(task,),
                 digest=bundle.digest, cache_dir=cache_dir, backend=backend, address=address,
             )
         except BaseException:
@@ -743,8 +747,14 @@ def run(
                     record_path(path).unlink()
             raise
         with executor:
+            if task == "generate":
+                info = executor.worker_info[0]
+                text = (f"generating by {info.get('generate_path')} batching "
+                        f"({info.get('generate_reason')})")
+                logger.info("codeferry run: %s", text)
+                bar.note(text)
             bar.start()
-            _drain(_outcomes(executor, task, [i.text for i in remaining], size, max_new_tokens,
+            _drain(_outcomes(executor, task, [i.text for i in remaining], batch_size, max_new_tokens,
                              pooling), remaining, task, sink, bar, result, size)
         sink.close()
     except BaseException as exc:
@@ -763,8 +773,9 @@ def run(
     return result
 
 
-def _outcomes(executor: Executor, task: Task, texts: list[str], size: int,
+def _outcomes(executor: Executor, task: Task, texts: list[str], size: int | None,
               max_new_tokens: int | None, pooling: str | None) -> Iterator[Outcome]:
+    """``size``: the user's fixed batch size; ``None`` lets the executor plan by tokens."""
     if task == "generate":
         options = {} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}
         return executor.generate_iter(texts, batch_size=size, **options)

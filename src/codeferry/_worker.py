@@ -53,8 +53,14 @@ class WorkerSpec:
     digest: str | None = None
     #: The hub cache of cross-repo references (``None``: the default cache).
     cache_dir: str | None = None
+    #: ``auto``, ``continuous`` or ``batched``: see ``_generation.choose_path``.
+    generate_path: str = "auto"
     #: ``False``: load and verify every class strictly, build nothing (``codeferry doctor``).
     serve: bool = True
+
+
+#: New tokens of a ``generate`` call that names none (the planner counts them too).
+DEFAULT_NEW_TOKENS = 16
 
 
 def _watch_parent(parent_pid: int, lifeline: Connection | None) -> None:
@@ -152,6 +158,9 @@ class _Engine:
         torch.set_num_threads(max(1, spec.threads))
         self.spec = spec
         self.models: dict[str, Any] = {}
+        self._accepted: dict[int, tuple[set[str], bool]] = {}
+        #: (path, why) once the generate model is built: see ``_generation.choose_path``.
+        self.generate_path: tuple[str, str] | None = None
         if not spec.serve:
             # ``codeferry doctor``: the code arrives with the config, by ticket, first; a
             # lock binds this process before anything arrives.
@@ -188,7 +197,17 @@ class _Engine:
             model: Any = auto.from_pretrained(self.spec.model, revision=self.spec.revision,
                                               dtype=dtype)
             self.models[key] = model.to(self.spec.device).eval()
+            if kind == "generate":
+                from ._generation import choose_path
+
+                self.generate_path = choose_path(self.models[key], self.spec.generate_path,
+                                                 self.spec.device, self.tokenizer.pad_token_id)
         return self.models[key]
+
+    def info(self) -> dict[str, Any]:
+        """What the ready message tells the parent: classes, and how ``generate`` runs."""
+        path, why = self.generate_path or (None, "generate is not preloaded")
+        return {"classes": sorted(self.classes), "generate_path": path, "generate_reason": why}
 
     def _encode(self, texts: list[str], *, left: bool, model: Any) -> tuple[Any, Any]:
         """Model inputs (only those ``forward`` takes), and the attention mask."""
@@ -196,8 +215,11 @@ class _Engine:
         enc = self.tokenizer(texts, return_tensors="pt", padding=True)
         # Tokenizers of BERT lineage also return token_type_ids, which a causal LM's
         # forward (and generate's kwarg check) refuses: pass only what forward takes.
-        accepted = inspect.signature(model.forward).parameters
-        takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
+        if id(model) not in self._accepted:  # inspect.signature costs ~0.1 ms a call
+            parameters = inspect.signature(model.forward).parameters
+            self._accepted[id(model)] = (set(parameters), any(
+                p.kind is p.VAR_KEYWORD for p in parameters.values()))
+        accepted, takes_any = self._accepted[id(model)]
         inputs = {k: v.to(self.spec.device) for k, v in enc.items()
                   if k in accepted or (takes_any and k != "token_type_ids")}
         inputs.setdefault("input_ids", enc["input_ids"].to(self.spec.device))
@@ -206,11 +228,18 @@ class _Engine:
     def generate(self, texts: list[str], options: dict[str, Any]) -> list[str]:
         import torch
 
+        from ._generation import continuous_supports, generate_continuous
+
         model = self.model_for("generate")
-        enc, _ = self._encode(texts, left=True, model=model)
-        options = {"do_sample": False, "max_new_tokens": 16, **options}
+        options = {"do_sample": False, "max_new_tokens": DEFAULT_NEW_TOKENS, **options}
         if self.tokenizer.pad_token_id is not None:
             options.setdefault("pad_token_id", self.tokenizer.pad_token_id)
+        assert self.generate_path is not None  # set when the model was built
+        if self.generate_path[0] == "continuous" and continuous_supports(options):
+            ids = self.tokenizer(texts)["input_ids"]  # unpadded: it pages, it does not pad
+            rows = generate_continuous(model, ids, options, model.generation_config.eos_token_id)
+            return [str(self.tokenizer.decode(row, skip_special_tokens=True)) for row in rows]
+        enc, _ = self._encode(texts, left=True, model=model)
         with torch.inference_mode():
             out = model.generate(**enc, **options)
         new = out[:, enc["input_ids"].shape[1]:]
@@ -292,7 +321,7 @@ def worker_main(spec: WorkerSpec, conn: Connection, parent_pid: int,
     except BaseException as exc:  # noqa: BLE001 - the handshake carries it to the parent
         conn.send(("failed", os.getpid(), error_payload(exc)))
         return
-    conn.send(("ready", os.getpid(), {"classes": sorted(engine.classes)}))
+    conn.send(("ready", os.getpid(), engine.info()))
     while True:
         try:
             request_id, kind, payload = conn.recv()

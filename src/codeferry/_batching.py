@@ -1,0 +1,137 @@
+"""Batch planning: which inputs go together, sized by padded tokens rather than by count.
+
+A batch costs what its padded tensor costs: ``batch size x longest input`` tokens (plus,
+for generation, the new tokens of every row). A fixed count of 8 pads a 3-word prompt to
+the 48-word prompt next to it and, for short prompts, leaves the matrix multiplies too
+narrow to use the cores. So inputs are sorted by length and cut into batches that fill a
+token budget. The sort is done only within a *window* of consecutive inputs: a stream's
+outputs still come out roughly in input order (``codeferry run`` writes them in order,
+holding back at most a window's worth), and every output keeps its input's index.
+
+Within a window the longest batches come first: they take longest, and the short ones
+behind them fill the gaps between workers at the end (longest-processing-time first).
+
+Lengths are estimates made in the parent, which has no tokenizer loaded (importing
+transformers there would cost seconds of start-up, and a remote-code tokenizer would run
+its code in one more process): ``estimate_tokens`` counts UTF-8 bytes, about four per
+token for BPE vocabularies, a little fewer for WordPiece. Only the order and the rough
+size matter: the worker pads each batch to its real longest row.
+
+Pure: no torch, no processes. ``tests/test_batching.py`` checks the invariants with
+hypothesis.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["estimate_tokens", "plan_batches", "padding_waste", "fixed_batches", "batch_limits"]
+
+#: UTF-8 bytes per token, roughly, for the vocabularies of current models.
+BYTES_PER_TOKEN = 4
+#: Special tokens a tokenizer adds around a text (BOS/CLS, EOS/SEP).
+SPECIAL_TOKENS = 2
+#: Defaults of ``batch_limits``: padded tokens and rows per batch.
+CPU_BATCH_TOKENS, CPU_BATCH_SIZE = 2048, 64
+ACCELERATOR_BATCH_TOKENS, ACCELERATOR_BATCH_SIZE = 16384, 256
+
+
+def estimate_tokens(item: Any) -> int:
+    """A cheap token count of one input: bytes for text, the length of a token list."""
+    if isinstance(item, str):
+        return math.ceil(len(item.encode("utf-8")) / BYTES_PER_TOKEN) + SPECIAL_TOKENS
+    if isinstance(item, (list, tuple)):
+        return max(1, len(item))
+    return estimate_tokens(str(item))
+
+
+def fixed_batches(n: int, size: int) -> list[list[int]]:
+    """Consecutive batches of ``size`` inputs, in input order (an explicit ``batch_size``)."""
+    if size < 1:
+        raise ValueError("size must be at least 1")
+    return [list(range(start, min(start + size, n))) for start in range(0, n, size)]
+
+
+def plan_batches(lengths: Sequence[int], *, max_batch_tokens: int, max_batch_size: int,
+                 window: int, spread: int = 1) -> list[list[int]]:
+    """Group input indices into batches of similar length.
+
+    Every index ``0..len(lengths)-1`` is in exactly one batch. A batch never mixes
+    windows (``[0, window)``, ``[window, 2*window)``...), holds at most ``max_batch_size``
+    inputs, and its padded size ``len(batch) * max(lengths of batch)`` is at most
+    ``max_batch_tokens`` unless it is a single input longer than the budget.
+
+    ``spread``: the workers that share the batches. Each window is cut into a multiple of
+    ``spread`` batches (when it has that many inputs) whose largest padded size is as
+    small as it can be: a window's batches are about equally costly, so the workers
+    finish together instead of one waiting on a last batch of a few leftovers.
+    """
+    if max_batch_tokens < 1 or max_batch_size < 1 or window < 1 or spread < 1:
+        raise ValueError("max_batch_tokens, max_batch_size, window and spread must be >= 1")
+    batches: list[list[int]] = []
+    for start in range(0, len(lengths), window):
+        members = sorted(range(start, min(start + window, len(lengths))),
+                         key=lambda i: (-lengths[i], i))
+        batches += _balanced(members, lengths, max_batch_tokens, max_batch_size, spread)
+    return batches
+
+
+def _balanced(ordered: list[int], lengths: Sequence[int], budget: int, cap: int,
+              spread: int) -> list[list[int]]:
+    """The cut of ``ordered`` into ``k`` batches (the budget's count, rounded up to a
+    multiple of ``spread``) with the smallest largest padded size."""
+    k = min(len(ordered), -(-len(_cut(ordered, lengths, budget, cap)) // spread) * spread)
+    low, high = 1, budget  # a cut with the full budget needs no more than k batches
+    while low < high:  # the least budget that still needs no more than k batches
+        middle = (low + high) // 2
+        if len(_cut(ordered, lengths, middle, cap)) <= k:
+            high = middle
+        else:
+            low = middle + 1
+    batches = _cut(ordered, lengths, low, cap)
+    while len(batches) < k:  # halving a batch never makes any batch larger
+        widest = max(range(len(batches)), key=lambda j: len(batches[j]))
+        batch = batches[widest]
+        batches[widest:widest + 1] = [batch[:len(batch) // 2], batch[len(batch) // 2:]]
+    return batches
+
+
+def _cut(ordered: list[int], lengths: Sequence[int], budget: int, cap: int) -> list[list[int]]:
+    """Cut indices sorted longest first into batches: the first row sets the padded length."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for index in ordered:
+        longest = lengths[current[0]] if current else lengths[index]
+        if current and (len(current) >= cap or (len(current) + 1) * longest > budget):
+            batches.append(current)
+            current = []
+        current.append(index)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def padding_waste(batches: Sequence[Sequence[int]], lengths: Sequence[int]) -> float:
+    """The share of padded token slots that hold padding: 0.0 means no padding at all."""
+    padded = sum(len(b) * max(lengths[i] for i in b) for b in batches if b)
+    real = sum(lengths[i] for b in batches for i in b)
+    return 0.0 if padded == 0 else 1.0 - real / padded
+
+
+def batch_limits(device: str, max_batch_tokens: int | None) -> tuple[int, int]:
+    """``(max_batch_tokens, max_batch_size)`` for ``device``: ``max_batch_tokens`` if given.
+
+    CPU: measured on 2 cores (README "Throughput", ``benchmarks/bench_vs_vllm.py``): a
+    worker's throughput grows with the batch (fewer decode steps for the same outputs)
+    more than padding costs it, up to about 64 rows. 2048 tokens cut issue 12's 128 skewed
+    prompts into 4 batches, a pair per worker; 1024 into 8, 0.65-0.75x as fast; batches of 8,
+    0.4x. An accelerator wants wider batches still; the limit there is memory, which the
+    budget bounds.
+    """
+    cpu = device.split(":")[0] in ("cpu", "mps")
+    tokens = max_batch_tokens or (CPU_BATCH_TOKENS if cpu else ACCELERATOR_BATCH_TOKENS)
+    if tokens < 1:
+        raise ValueError("max_batch_tokens must be at least 1")
+    return tokens, (CPU_BATCH_SIZE if cpu else ACCELERATOR_BATCH_SIZE)

@@ -1,0 +1,185 @@
+"""Which way a worker generates: continuous batching (paged cache) or batched ``generate``.
+
+transformers 5 can generate with continuous batching: ``model.generate_batch(token_ids)``
+schedules requests into one stream of forward passes over a paged KV cache, so a short
+prompt neither waits for nor is padded to the long one beside it. It works only for some
+models (an attention implementation it can page: ``sdpa``, ``eager``, flash), only for
+greedy or plain sampling, and it fails *quietly*: an error in its generation thread is
+logged and the request comes back missing or empty. So each worker decides per model at
+start-up (``choose_path``): a tiny greedy generation both ways, compared token for token.
+Its answer travels in the worker's ready message (``info["generate_path"]``).
+
+Measured on CPU (benchmarks/bench_vs_vllm.py, README "Throughput"), continuous batching is
+slower than ``generate`` over length-sorted batches for small models: its scheduler and
+paged-attention bookkeeping cost more per step than the padding it saves when the planner
+has already grouped prompts by length. ``auto`` therefore takes it only on an accelerator;
+``continuous`` asks for it anywhere it works.
+
+``generate_batch`` runs in a thread of its own, and tensors made under
+``torch.inference_mode`` in the caller's thread cannot be updated there, so it is never
+called inside ``inference_mode`` (it takes ``no_grad`` itself).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Literal
+
+__all__ = ["GeneratePath", "GENERATE_PATHS", "choose_path", "continuous_supports",
+           "generate_continuous"]
+
+GeneratePath = Literal["auto", "continuous", "batched"]
+GENERATE_PATHS: tuple[str, ...] = ("auto", "continuous", "batched")
+
+#: ``generate`` options the continuous path honours exactly; any other sends a call batched.
+_SUPPORTED = {"max_new_tokens", "min_new_tokens", "do_sample", "pad_token_id", "eos_token_id"}
+
+
+#: Tokens a page of the paged cache holds, and the most tokens one forward pass takes.
+PAGE_TOKENS = 32
+MAX_FORWARD_TOKENS = 4096
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextmanager
+def _quiet() -> Iterator[_Collect]:
+    """Keep transformers' continuous-batching log off the worker's stderr, and collect it:
+    its errors are the only account of a request that failed in the generation thread."""
+    from transformers.generation.continuous_batching import utils
+
+    log: logging.Logger = utils.logger  # "ContinuousBatchingLogger", not under "transformers"
+    collect = _Collect()
+    saved = log.propagate, log.level
+    log.addHandler(collect)
+    log.propagate, log.level = False, logging.WARNING
+    hidden = [h for h in log.handlers if h is not collect]
+    for handler in hidden:
+        log.removeHandler(handler)
+    try:
+        yield collect
+    finally:
+        log.removeHandler(collect)
+        for handler in hidden:
+            log.addHandler(handler)
+        log.propagate, log.level = saved
+
+
+def continuous_supports(options: dict[str, Any]) -> bool:
+    """Whether a call's ``generate`` options mean the same on the continuous path.
+
+    Greedy only (its sampling draws other numbers than ``generate``'s), and a minimum
+    length only when it is the maximum too (then end-of-sequence is simply off).
+    """
+    if set(options) - _SUPPORTED or options.get("do_sample", False):
+        return False
+    low = options.get("min_new_tokens") or 0
+    return low in (0, options.get("max_new_tokens"))
+
+
+def generate_continuous(model: Any, prompts: list[list[int]], options: dict[str, Any],
+                        eos_token_id: Any) -> list[list[int]]:
+    """New tokens per prompt, by ``model.generate_batch``; raises when any request failed."""
+    from transformers import GenerationConfig
+
+    new = int(options["max_new_tokens"])
+    eos = [] if eos_token_id is None else (
+        [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
+    # min_new_tokens == max_new_tokens: generate masks end-of-sequence on every step (its
+    # MinNewTokensLengthLogitsProcessor, which continuous batching drops); the same mask
+    # here is suppress_tokens, with stopping off.
+    until_max = (options.get("min_new_tokens") or 0) == new
+    config = GenerationConfig(  # type: ignore[no-untyped-call]  # untyped in transformers
+        do_sample=False, max_new_tokens=new, eos_token_id=-1 if until_max or not eos else eos,
+        suppress_tokens=eos if until_max and eos else None,
+        pad_token_id=options.get("pad_token_id"))
+    with _quiet() as log:
+        results = model.generate_batch(prompts, generation_config=config, progress_bar=False,
+                                       continuous_batching_config=_sized(prompts, new))
+    outputs = list(results.values())
+    if len(outputs) != len(prompts) or any(o.error is not None for o in outputs):
+        errors = [o.error for o in outputs if o.error] + log.messages
+        raise RuntimeError(f"continuous batching returned {len(outputs)} of {len(prompts)} "
+                           f"results: {'; '.join(errors[:3]) or 'no error logged'}")
+    return [list(o.generated_tokens) for o in outputs]
+
+
+def _sized(prompts: list[list[int]], new: int) -> Any:
+    """A paged cache sized for these requests. Left to itself, transformers sizes it from the
+    device's free memory, which on CPU (without psutil) means a default that took 13 GB
+    and 15 s per call here; each request needs its own pages for prompt and new tokens."""
+    from transformers import ContinuousBatchingConfig
+
+    pages = sum(-(-(len(p) + new) // PAGE_TOKENS) for p in prompts)
+    return ContinuousBatchingConfig(
+        page_size=PAGE_TOKENS, num_blocks=pages + 1, max_requests_per_batch=len(prompts),
+        max_batch_tokens=min(MAX_FORWARD_TOKENS, sum(len(p) for p in prompts) + len(prompts)),
+        allow_block_sharing=False)
+
+
+def _batched(model: Any, prompts: list[list[int]], options: dict[str, Any]) -> list[list[int]]:
+    """What the batched path computes for the same prompts: left-padded ``generate``."""
+    import torch
+
+    width, pad = max(len(p) for p in prompts), options["pad_token_id"]
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
+                        device=model.device)
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, **options)
+    return [row.tolist() for row in out[:, width:]]
+
+
+def _probe(model: Any, pad: int) -> str | None:
+    """``None`` when continuous batching gives exactly the batched path's greedy tokens."""
+    vocab = int(getattr(model.config.get_text_config(), "vocab_size", 0) or 0)
+    if vocab < 8:
+        return "the model has no usable vocab_size"
+    prompts = [[(3 + 5 * i) % vocab for i in range(7)], [(4 + 3 * i) % vocab for i in range(3)]]
+    eos = model.generation_config.eos_token_id
+    try:
+        for low in (4, 0):  # every output 4 tokens long; and stopped at end-of-sequence
+            options = {"max_new_tokens": 4, "min_new_tokens": low, "pad_token_id": pad}
+            expected = _batched(model, prompts, options)
+            got = generate_continuous(model, prompts, options, eos)
+            if [_until(row, eos) for row in got] != [_until(row, eos) for row in expected]:
+                return "continuous batching gave other greedy tokens than generate"
+    except Exception as exc:  # noqa: BLE001 - any failure means: not for this model
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return None
+
+
+def _until(row: list[int], eos: Any) -> list[int]:
+    """The tokens up to and including the first end-of-sequence (then generate pads)."""
+    ends = {eos} if isinstance(eos, int) else set(eos or ())
+    for at, token in enumerate(row):
+        if token in ends:
+            return row[:at + 1]
+    return row
+
+
+def choose_path(model: Any, requested: str, device: str, pad_token_id: int | None) -> tuple[str, str]:
+    """The path this worker takes, and why: ``("continuous" | "batched", reason)``."""
+    if requested not in GENERATE_PATHS:
+        raise ValueError(f"generate_path must be one of {', '.join(GENERATE_PATHS)}, "
+                         f"got {requested!r}")
+    if requested == "batched":
+        return "batched", "asked for (generate_path='batched')"
+    if not hasattr(model, "generate_batch"):
+        return "batched", "this transformers has no continuous batching (generate_batch)"
+    if requested == "auto" and device.startswith("cpu"):
+        # Not even probed: on CPU it would not be taken, and the probe costs start-up time.
+        return "batched", "cpu: length-sorted batches are faster than continuous batching here"
+    failure = _probe(model, 0 if pad_token_id is None else pad_token_id)
+    if failure is not None:
+        return "batched", f"continuous batching does not work for this model: {failure}"
+    return "continuous", "a greedy probe matched generate token for token"

@@ -1,0 +1,132 @@
+"""Continuous batching and planned batches give exactly the batched path's greedy outputs.
+
+A tiny plain Llama takes the continuous path when asked (``generate_batch``); the bundled
+demo and a factory model cannot (their configs and attention are their own) and fall back,
+saying why. Every way, and batches planned by length, give the same texts in input order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import codeferry
+from codeferry import cli
+from codeferry.testing import ModelSpec, write_model
+
+PROMPTS = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9 w10 w11 w12 w13 w14 w15", "w16 w17", "w3 w9 w27 w81",
+           "w2", "w40 w41 w42 w43 w44 w45 w46", "w100 w101 w102 w103"]
+
+
+def write_llama(path: Path) -> Path:
+    """A 2-layer Llama with random weights large enough that greedy tokens vary."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2} | {f"w{i}": i + 3 for i in range(120)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                                   eos_token="</s>", pad_token="</s>")
+    config = LlamaConfig(vocab_size=len(vocab), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                         head_dim=32, max_position_embeddings=128, bos_token_id=1,
+                         eos_token_id=2, pad_token_id=2)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+    model.save_pretrained(path)
+    fast.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_llama(tmp_path_factory.mktemp("llama") / "llama")
+
+
+def run(path: Path | str, prompts: list[str], options: dict[str, Any],
+        **settings: Any) -> tuple[list[str], dict[str, Any]]:
+    with codeferry.Executor(path, workers=1, start_method="fork", trust_remote_code=True,
+                            **settings) as ex:
+        return ex.generate(prompts, **options), ex.worker_info[0]
+
+
+@pytest.fixture(scope="module")
+def llama_batched(llama: Path) -> Iterator[codeferry.Executor]:
+    with codeferry.Executor(llama, workers=2, start_method="fork",
+                            generate_path="batched") as ex:
+        yield ex
+
+
+@pytest.mark.parametrize("options", [{"max_new_tokens": 6, "min_new_tokens": 6},
+                                     {"max_new_tokens": 6}])
+def test_continuous_batching_matches_batched_generate_on_a_llama(
+        llama: Path, llama_batched: codeferry.Executor, options: dict[str, Any]) -> None:
+    texts, info = run(llama, PROMPTS, options, generate_path="continuous")
+    assert info["generate_path"] == "continuous", info["generate_reason"]
+    assert texts == llama_batched.generate(PROMPTS, batch_size=1, **options)
+    assert texts == llama_batched.generate(PROMPTS, batch_size=3, **options)
+    assert len(set(texts)) > 1  # the tokens vary: the comparison means something
+
+
+def test_planned_batches_keep_every_output_at_its_input(
+        llama_batched: codeferry.Executor) -> None:
+    many = [PROMPTS[i % len(PROMPTS)] + f" w{i}" for i in range(40)]
+    one_by_one = llama_batched.generate(many, batch_size=1, max_new_tokens=4)
+    planned = llama_batched._batches("generate", many, {"options": {}}, None)
+    assert len(planned) > 1 and any(b.indices != sorted(b.indices) or len(b.indices) > 1
+                                    for b in planned)
+    assert llama_batched.generate(many, max_new_tokens=4) == one_by_one
+    outcomes = list(llama_batched.generate_iter(many, max_new_tokens=4))
+    assert sorted(o.index for o in outcomes) == list(range(len(many)))
+    assert all(o.value == one_by_one[o.index] for o in outcomes)
+
+
+def test_auto_takes_the_batched_path_on_cpu(llama_batched: codeferry.Executor,
+                                            llama: Path) -> None:
+    texts, info = run(llama, PROMPTS[:3], {"max_new_tokens": 4})
+    assert info["generate_path"] == "batched" and info["generate_reason"].startswith("cpu:")
+    assert texts == llama_batched.generate(PROMPTS[:3], max_new_tokens=4)
+
+
+@pytest.mark.parametrize("which", ["demo", "factory"])
+def test_models_continuous_batching_cannot_run_fall_back_with_the_same_outputs(
+        which: str, tmp_path: Path) -> None:
+    if which == "demo":
+        path: Path | str = cli._demo()
+        prompts = Path(path, "prompts.txt").read_text().splitlines()[:6]
+    else:
+        path = write_model(tmp_path / "tok", ModelSpec(name="tok", tokenizer=True))
+        prompts = ["abc", "hello there", "a much longer prompt than the others", "xy"]
+    options = {"max_new_tokens": 5}
+    asked, info = run(path, prompts, options, generate_path="continuous")
+    assert info["generate_path"] == "batched"
+    assert "continuous batching does not work for this model" in info["generate_reason"]
+    batched, _ = run(path, prompts, options, generate_path="batched", batch_size=1)
+    assert asked == batched
+
+
+def test_an_unknown_generate_path_is_refused_before_any_worker_starts(llama: Path) -> None:
+    with pytest.raises(ValueError, match="generate_path must be 'auto', 'continuous' or"):
+        run(llama, PROMPTS[:1], {}, generate_path="fastest")
+
+
+def test_doctor_says_which_path_a_model_takes(llama: Path) -> None:
+    from codeferry._doctor import doctor, render_doctor
+
+    works = doctor(str(llama), workers=1, start_method="fork")
+    assert works.workers[0].checks["generate_path"] == {
+        "cpu": "batched", "accelerator": "continuous",
+        "reason": "a greedy probe matched generate token for token"}
+    assert "generate: batched on cpu, continuous on an accelerator" in render_doctor(works)
+    demo = doctor(cli._demo(), workers=1, start_method="fork", trust_remote_code=True)
+    line = render_doctor(demo)
+    assert "generate: batched on cpu, batched on an accelerator (continuous batching does not " \
+           "work for this model: ValueError: num_key_value_heads" in line
