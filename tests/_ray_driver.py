@@ -90,6 +90,16 @@ def _cross_repo_head(worker: Any) -> str | None:
     return None if cls is None else f"{cls.__module__}.{cls.__qualname__}"
 
 
+def once_per_node(model: str) -> None:
+    """Four actors on two nodes: each node gets the code and weights once, not per actor."""
+    import codeferry
+
+    with codeferry.Executor(model, backend="ray", workers=4, trust_remote_code=True) as ex:
+        texts = ex.generate(PROMPTS, max_new_tokens=2)
+        info = ex.worker_info
+    _print({"n": len(texts), "per_actor": [(i["node_ip"], i["ferry"]) for i in info]})
+
+
 def _where(worker: Any) -> dict[str, Any]:
     import transformers
 

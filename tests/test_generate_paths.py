@@ -15,6 +15,7 @@ import pytest
 
 import codeferry
 from codeferry import cli
+from codeferry._scheduler import Call
 from codeferry.testing import ModelSpec, write_model
 
 PROMPTS = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9 w10 w11 w12 w13 w14 w15", "w16 w17", "w3 w9 w27 w81",
@@ -80,7 +81,7 @@ def test_planned_batches_keep_every_output_at_its_input(
         llama_batched: codeferry.Executor) -> None:
     many = [PROMPTS[i % len(PROMPTS)] + f" w{i}" for i in range(40)]
     one_by_one = llama_batched.generate(many, batch_size=1, max_new_tokens=4)
-    planned = llama_batched._batches("generate", many, {"options": {}}, None)
+    planned = llama_batched._batches("generate", many, {"options": {}}, None, Call(len(many)))
     assert len(planned) > 1 and any(b.indices != sorted(b.indices) or len(b.indices) > 1
                                     for b in planned)
     assert llama_batched.generate(many, max_new_tokens=4) == one_by_one

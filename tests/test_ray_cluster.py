@@ -71,6 +71,20 @@ def test_generate_embed_score_across_both_nodes_from_a_deleted_folder(
                    for h in out["cross_repo_heads"])
 
 
+def test_code_and_weights_reach_each_node_once_not_once_per_actor(
+    cluster: _raycluster.Cluster, models: dict[str, Path]
+) -> None:
+    out = cluster.driver("once_per_node", str(models["other"]))
+    assert out["n"] == 12
+    by_node: dict[str, list[dict[str, object]]] = {}
+    for node, ferry in out["per_actor"]:
+        by_node.setdefault(node, []).append(ferry)
+    assert sorted(by_node) == [_raycluster.HEAD_IP, _raycluster.NODE2_IP]
+    for ferries in by_node.values():  # one actor per node wrote the copy; the others fetched 0
+        assert sum(1 for f in ferries if f["written"]) == 1
+        assert all(f["fetched_bytes"] == 0 for f in ferries if not f["written"])
+
+
 def test_doctor_backend_ray_reports_per_node(
     cluster: _raycluster.Cluster, models: dict[str, Path]
 ) -> None:
