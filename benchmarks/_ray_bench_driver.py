@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-PROMPTS = [f"prompt number {i} " + "word " * (i % 9) for i in range(64)]
+PROMPTS = [f"prompt number {i} " + "word " * (i % 9) for i in range(128)]
 
 
 def sleep20(worker: Any, texts: list[str]) -> int:
@@ -17,10 +17,13 @@ def sleep20(worker: Any, texts: list[str]) -> int:
 
 
 def _throughput(ex: Any) -> float:
-    ex.generate(PROMPTS[:8], max_new_tokens=16, min_new_tokens=16)  # warm-up
-    start = time.perf_counter()
-    ex.generate(PROMPTS, max_new_tokens=16, min_new_tokens=16, batch_size=8)
-    return len(PROMPTS) / (time.perf_counter() - start)
+    ex.generate(PROMPTS, max_new_tokens=16, min_new_tokens=16)  # warm-up
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        ex.generate(PROMPTS, max_new_tokens=16, min_new_tokens=16)
+        times.append(time.perf_counter() - start)
+    return len(PROMPTS) / statistics.median(times)
 
 
 def _overhead(ex: Any, n: int = 40) -> float:
@@ -32,7 +35,7 @@ def _overhead(ex: Any, n: int = 40) -> float:
     return per_batch / 0.020 - 1
 
 
-def main(model: str, reps: int) -> None:
+def main(model: str, llama: str, reps: int) -> None:
     import cloudpickle
     from transformers import AutoConfig
 
@@ -57,10 +60,10 @@ def main(model: str, reps: int) -> None:
             start = time.perf_counter()
             ex = codeferry.Executor(model, workers=2, trust_remote_code=True, **options)
             startup[way].append(time.perf_counter() - start)
-            if way in ("spawn", "ray"):
-                key = "local" if way == "spawn" else "ray"
-                thru[key].append(_throughput(ex))
             ex.close()
+        for key, options in (("local", {}), ("ray", {"backend": "ray"})):
+            with codeferry.Executor(llama, workers=2, **options) as ex:
+                thru[key].append(_throughput(ex))
         for key, options in (("local", {}), ("ray", {"backend": "ray"})):
             with codeferry.Executor(model, workers=1, trust_remote_code=True, **options) as ex:
                 over[key].append(_overhead(ex))
@@ -77,4 +80,4 @@ def main(model: str, reps: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))

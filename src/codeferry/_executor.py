@@ -43,6 +43,10 @@ Backend = Literal["local", "ray"]
 
 #: Inputs sorted by length together: a stream's outputs are held back at most this many.
 BATCH_WINDOW = 1024
+#: Planned batches per worker (at least): one running, the next already sent. Every
+#: transport keeps at least this many in flight (``Transport.depth``), so the plan, and
+#: the outputs, are the same whichever transport runs them.
+PIPELINE = 2
 
 
 def needed_classes(tasks: Sequence[str]) -> set[str]:
@@ -232,8 +236,8 @@ class Executor:
         """A fixed ``batch_size``: consecutive batches of that many. Otherwise inputs of
         similar length, within windows of ``BATCH_WINDOW``, ``max_batch_tokens`` padded
         tokens a batch (generate counts the new tokens of every row), cut into batches of
-        about equal cost, a multiple of workers x the transport's depth (``_batching``):
-        each worker is sent that many at once, so fewer would leave a worker idle."""
+        about equal cost, a multiple of workers x ``PIPELINE`` (``_batching``): each worker
+        runs one while the next waits in its queue, so fewer would leave a worker idle."""
         size = batch_size or self.batch_size
         if size:
             plan = fixed_batches(len(inputs), size)
@@ -242,7 +246,7 @@ class Executor:
             lengths = [estimate_tokens(x) + (new if kind == "generate" else 0) for x in inputs]
             plan = plan_batches(lengths, max_batch_tokens=self.max_batch_tokens,
                                 max_batch_size=self.max_batch_size, window=BATCH_WINDOW,
-                                spread=len(self._scheduler.specs) * self._scheduler.transport.depth)
+                                spread=len(self._scheduler.specs) * PIPELINE)
         return [Batch(kind, indices, {"texts": [inputs[i] for i in indices], **extra},
                       [inputs[i] for i in indices], call) for indices in plan]
 
