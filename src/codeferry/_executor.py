@@ -232,7 +232,7 @@ class Executor:
             raise RuntimeError("this executor is closed")
 
     def _batches(self, kind: str, inputs: Sequence[Any], extra: dict[str, Any],
-                 batch_size: int | None, call: Call) -> list[Batch]:
+                 batch_size: int | None, call: Call | None = None) -> list[Batch]:
         """A fixed ``batch_size``: consecutive batches of that many. Otherwise inputs of
         similar length, within windows of ``BATCH_WINDOW``, ``max_batch_tokens`` padded
         tokens a batch (generate counts the new tokens of every row), cut into batches of
@@ -247,8 +247,9 @@ class Executor:
             plan = plan_batches(lengths, max_batch_tokens=self.max_batch_tokens,
                                 max_batch_size=self.max_batch_size, window=BATCH_WINDOW,
                                 spread=len(self._scheduler.specs) * PIPELINE)
+        owner = call or Call(len(inputs))  # (no call: only the plan is looked at)
         return [Batch(kind, indices, {"texts": [inputs[i] for i in indices], **extra},
-                      [inputs[i] for i in indices], call) for indices in plan]
+                      [inputs[i] for i in indices], owner) for indices in plan]
 
     def _submit(self, kind: str, inputs: Sequence[Any], extra: dict[str, Any],
                 batch_size: int | None, *, stream: bool) -> Call:
