@@ -170,9 +170,12 @@ def actor_kill(model: str) -> None:
             "n": len(prompts), "before": before, "after": after, "victim": victim})
 
 
-def node_kill(model: str, raylet: str, pinned: str) -> None:
-    """SIGKILL node2's raylet mid-run. ``pinned``: '1' pins every actor to node2, so no
-    feasible node is left; '0' lets the run finish on the head node."""
+def node_kill(model: str, node2_session: str, pinned: str) -> None:
+    """Node2 loses power mid-run: every process of its session SIGKILLed at once.
+    ``pinned``: '1' pins every actor to node2, so no feasible node is left; '0' lets the
+    run finish on the head node."""
+    import _raycluster
+
     import codeferry
 
     options: dict[str, Any] = {"backend": "ray", "workers": 2, "trust_remote_code": True,
@@ -186,15 +189,14 @@ def node_kill(model: str, raylet: str, pinned: str) -> None:
 
         def kill() -> None:
             killed_at.append(time.monotonic())
-            os.kill(int(raylet), signal.SIGKILL)
+            _raycluster.kill_session(int(node2_session))
 
-        # Long enough for node2's actors to notice their raylet is gone (in-flight actor
-        # calls do not go through the raylet, so a short run can finish on a dying node).
-        prompts, outcomes = _slow_generate(ex, kill, copies=8)
+        prompts, outcomes = _slow_generate(ex, kill)
         done = time.monotonic()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while pinned == "0" and time.monotonic() < deadline and (
-                None in ex.pids or "10.200.0.2" in {i.get("node_ip") for i in ex.worker_info}):
+                None in ex.pids or _raycluster.NODE2_IP in {i.get("node_ip")
+                                                            for i in ex.worker_info}):
             time.sleep(0.2)  # node2's actor is replaced on the head (it may be, already)
         nodes_after = sorted(i.get("node_ip", "?") for i in ex.worker_info)
         broken = repr(ex._scheduler.failure)

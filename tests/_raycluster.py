@@ -54,6 +54,33 @@ def python_cli() -> list[str]:
     return [sys.executable, "-m", "codeferry"]
 
 
+def kill_session(sid: int) -> int:
+    """SIGKILL every process in session ``sid`` until none is left; how many it killed.
+
+    A node is its whole session: ``ray start --block`` leads it, raylet and every worker
+    it forks stay in it, whatever title they set themselves (``ray::RayWorker``), so this
+    is a whole machine losing power, not one daemon crashing while its workers run on.
+    """
+    killed: set[int] = set()
+    for _ in range(50):
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid and fields[0] != "Z":
+                found.append(int(stat.parent.name))
+        if not found:
+            return len(killed)
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
+        time.sleep(0.05)
+    raise RuntimeError(f"session {sid} still has processes after SIGKILL")
+
+
 def _sh(*args: str) -> None:
     subprocess.run(args, check=True, capture_output=True, text=True)
 
@@ -129,10 +156,9 @@ class Cluster:
         self.wait_nodes(2)
 
     def restart_node2(self) -> None:
-        """After a test killed node2's raylet: end what is left of it, start it again."""
+        """After a test killed node2 (or part of it): end what is left, start it again."""
         if self.node2 is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.node2.pid, signal.SIGKILL)
+            kill_session(self.node2.pid)
             self.node2.wait(10)
         self.start_node2()
 

@@ -175,10 +175,9 @@ def test_codeferry_run_backend_ray_killed_and_resumed(
 @pytest.mark.parametrize("pinned", ["0", "1"], ids=["finishes-on-head", "no-node-left"])
 def test_node2_dies_mid_run(cluster: _raycluster.Cluster, models: dict[str, Path],
                             pinned: str) -> None:
-    raylets = cluster.node2_pids("/raylet/raylet ")
-    assert raylets, "node2's raylet is running"
+    assert cluster.node2 is not None and cluster.node2_pids("/raylet/raylet "), "node2 runs"
     try:
-        out = cluster.driver("node_kill", str(models["plain"]), str(raylets[0]), pinned,
+        out = cluster.driver("node_kill", str(models["plain"]), str(cluster.node2.pid), pinned,
                              timeout=400)
     finally:
         cluster.restart_node2()
