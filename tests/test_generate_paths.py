@@ -131,3 +131,52 @@ def test_doctor_says_which_path_a_model_takes(llama: Path) -> None:
     line = render_doctor(demo)
     assert "generate: batched on cpu, batched on an accelerator (continuous batching does not " \
            "work for this model: ValueError: num_key_value_heads" in line
+
+
+@pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampled"])
+def test_lighter_min_new_tokens_gives_transformers_tokens(llama: Path, sample: bool) -> None:
+    """The worker's ``min_new_tokens`` (one in-place processor) against transformers' own
+    (two cloning processors), on a model whose favourite first token is made its
+    end-of-sequence: without the minimum it would stop at once."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from codeferry._generation import lighter_min_new_tokens
+
+    model = AutoModelForCausalLM.from_pretrained(llama).eval()
+    tok = AutoTokenizer.from_pretrained(llama, padding_side="left")
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    enc.pop("token_type_ids", None)
+    width = enc["input_ids"].shape[1]
+    with torch.inference_mode():
+        first = model.generate(**enc, max_new_tokens=1, do_sample=False)[:, width]
+    favourite = int(torch.mode(first).values)
+    model.generation_config.eos_token_id = favourite
+    options = {"max_new_tokens": 8, "min_new_tokens": 5, "do_sample": sample, "pad_token_id": 2}
+    lighter = lighter_min_new_tokens(options, width, model.generation_config)
+    assert "min_new_tokens" not in lighter and len(lighter["logits_processor"]) == 1
+
+    def tokens(opts: dict[str, Any]) -> list[list[int]]:
+        torch.manual_seed(7)
+        with torch.inference_mode():
+            return model.generate(**enc, **opts)[:, width:].tolist()
+
+    theirs = tokens(options)
+    assert tokens(lighter) == theirs
+    assert all(favourite not in row[:5] for row in theirs)  # the minimum was enforced
+    if not sample:
+        free = tokens({k: v for k, v in options.items() if k != "min_new_tokens"})
+        assert free != theirs  # and without it, greedy ends at the favourite token
+
+
+def test_lighter_min_new_tokens_leaves_what_it_cannot_match(llama: Path) -> None:
+    from transformers import GenerationConfig
+
+    from codeferry._generation import lighter_min_new_tokens
+
+    config = GenerationConfig(eos_token_id=2)
+    for options in ({"max_new_tokens": 4}, {"min_new_tokens": 0},
+                    {"min_new_tokens": 3, "forced_eos_token_id": 2}):
+        assert lighter_min_new_tokens(options, 5, config) is options
+    assert lighter_min_new_tokens({"min_new_tokens": 3}, 5, GenerationConfig()) == {
+        "min_new_tokens": 3}  # no end-of-sequence: nothing to enforce

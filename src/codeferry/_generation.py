@@ -183,3 +183,44 @@ def choose_path(model: Any, requested: str, device: str, pad_token_id: int | Non
     if failure is not None:
         return "batched", f"continuous batching does not work for this model: {failure}"
     return "continuous", "a greedy probe matched generate token for token"
+
+
+class _NoEndBefore:
+    """A logits processor: end-of-sequence is impossible until the sequence is ``length``
+    tokens long, written into the scores in place.
+
+    What ``min_new_tokens`` means, for a fraction of its cost: transformers turns that one
+    option into two processors (``MinLength`` and ``MinNewTokensLength``), each of which
+    clones the whole ``batch x vocab`` score matrix and writes it again with ``torch.where``
+    at every step, about a tenth of a small model's decode time on CPU. The scores it gets
+    are generate's own float32 copy of the logits, so writing into them is safe.
+    """
+
+    def __init__(self, ends: list[int], length: int) -> None:
+        self.ends, self.length = ends, length
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        if input_ids.shape[-1] < self.length:
+            scores[:, [e for e in self.ends if 0 <= e < scores.shape[-1]]] = float("-inf")
+        return scores
+
+
+def lighter_min_new_tokens(options: dict[str, Any], prompt_length: int,
+                           config: Any) -> dict[str, Any]:
+    """``options`` for ``generate`` with ``min_new_tokens`` done by ``_NoEndBefore``; the
+    same tokens, greedy or sampled: custom processors run after generate's own and before
+    its warpers (temperature, top-k, ...), and every one of generate's own that could run
+    between commutes with forbidding a token, but a forced end-of-sequence, which must win
+    (then ``options`` stay as they are). ``config``: the model's generation config."""
+    low = options.get("min_new_tokens")
+    eos = options.get("eos_token_id", getattr(config, "eos_token_id", None))
+    forced = options.get("forced_eos_token_id", getattr(config, "forced_eos_token_id", None))
+    if not isinstance(low, int) or low <= 0 or eos is None or forced is not None:
+        return options  # nothing to enforce, or transformers would enforce nothing
+    from transformers import LogitsProcessorList
+
+    ends = [eos] if isinstance(eos, int) else [int(e) for e in eos]
+    given = options.get("logits_processor") or []
+    rest = {k: v for k, v in options.items() if k not in ("min_new_tokens", "logits_processor")}
+    return {**rest, "logits_processor": LogitsProcessorList(
+        [_NoEndBefore(ends, prompt_length + low), *given])}

@@ -228,7 +228,7 @@ class _Engine:
     def generate(self, texts: list[str], options: dict[str, Any]) -> list[str]:
         import torch
 
-        from ._generation import continuous_supports, generate_continuous
+        from ._generation import continuous_supports, generate_continuous, lighter_min_new_tokens
 
         model = self.model_for("generate")
         options = {"do_sample": False, "max_new_tokens": DEFAULT_NEW_TOKENS, **options}
@@ -240,6 +240,8 @@ class _Engine:
             rows = generate_continuous(model, ids, options, model.generation_config.eos_token_id)
             return [str(self.tokenizer.decode(row, skip_special_tokens=True)) for row in rows]
         enc, _ = self._encode(texts, left=True, model=model)
+        options = lighter_min_new_tokens(options, enc["input_ids"].shape[1],
+                                         model.generation_config)
         with torch.inference_mode():
             out = model.generate(**enc, **options)
         new = out[:, enc["input_ids"].shape[1]:]
