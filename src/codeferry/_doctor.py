@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from . import _hub
 from ._api import load_pinned
 from ._checks import check_main_guard
 from ._lockfile import Lock
@@ -84,7 +85,7 @@ def doctor_checks(worker: Any, config_bytes: bytes) -> dict[str, Any]:
     """
     spec = worker.spec
     config = pickle.loads(config_bytes)
-    classes = load_pinned(spec.model, spec.digest, trust_remote_code=spec.trust_remote_code,
+    classes = load_pinned(spec.code or spec.model, spec.digest, trust_remote_code=spec.trust_remote_code,
                           revision=spec.revision, lock=spec.lock, strict=True,
                           cache_dir=spec.cache_dir)
     worker.classes = classes
@@ -143,6 +144,7 @@ def doctor(
     address: str | None = None,
     token: str | bool | None = None,
     local_files_only: bool | None = None,
+    code_revision: str | None = None,
 ) -> DoctorReport:
     """Load ``model`` here, send its config to ``workers`` fresh workers, report each.
 
@@ -151,22 +153,31 @@ def doctor(
     how the code reached it. A repo id the cache lacks has its code downloaded first
     (``token``, ``local_files_only`` as for ``load``): the doctor loads classes and
     configs, never weights. Trust is ``_trust.decide``'s, as for ``run``: the bundled demo
-    needs neither ``trust_remote_code`` nor a ``lock``.
+    needs neither ``trust_remote_code`` nor a ``lock``. ``code_revision`` as for
+    ``Executor``: that revision's classes build ``revision``'s config.
     """
     from transformers import AutoConfig
 
     if backend == "local":
         check_main_guard(start_method)  # a worker would die bootstrapping, with exit code 1
-    bundle = resolve(model, revision=revision, cache_dir=cache_dir, token=token,
-                     local_files_only=local_files_only)
+    own_code = code_revision is None or code_revision == revision
+    if not own_code and backend == "ray":
+        raise ValueError("code_revision other than revision is not supported with "
+                         "backend='ray' (an actor receives one model folder)")
+    bundle = resolve(model, revision=revision if own_code else code_revision,
+                     cache_dir=cache_dir, token=token, local_files_only=local_files_only)
+    configs = bundle.source.root if own_code else _hub.locate(
+        model, revision=revision, cache_dir=cache_dir, token=token,
+        local_files_only=local_files_only).root
     decision = decide(bundle, trust_remote_code=trust_remote_code, lock=lock, demo=True)
     locked = decision.lock
     trust_remote_code = decision.trust_remote_code
     # strict: the doctor's verdict covers every class, so one that cannot load fails it.
-    load_pinned(model, bundle.digest, trust_remote_code=trust_remote_code, revision=revision,
-                lock=locked, strict=True, cache_dir=cache_dir, token=token,
-                local_files_only=local_files_only, fetch="code")
-    config = AutoConfig.from_pretrained(str(bundle.source.root))
+    classes = load_pinned(bundle.source.root, bundle.digest, trust_remote_code=trust_remote_code,
+                          lock=locked, strict=True, cache_dir=cache_dir)
+    # The config of ``revision``, built by the class of the code loaded (code_revision's).
+    config_class: Any = AutoConfig if own_code else classes.get("AutoConfig", AutoConfig)
+    config = config_class.from_pretrained(str(configs))
     transport: Transport
     if backend == "ray":
         from ._ray import RayTransport
@@ -174,8 +185,9 @@ def doctor(
         transport = RayTransport(bundle, address=address)
     else:
         transport = LocalTransport(start_method)
-    spec = WorkerSpec(str(bundle.source.root), revision, locked is None and trust_remote_code,
-                      locked, "cpu", None, 1, (), bundle.digest, cache_dir, serve=False)
+    spec = WorkerSpec(str(configs), revision, locked is None and trust_remote_code,
+                      locked, "cpu", None, 1, (), bundle.digest, cache_dir, serve=False,
+                      code=None if own_code else str(bundle.source.root))
     request = transport.pack((doctor_checks, (transport.pack(config),), {}))
     events: queue.SimpleQueue[Event] = queue.SimpleQueue()
     channels = [transport.start(index, spec, events.put) for index in range(workers)]

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, Literal
 
+from . import _hub
 from ._batching import batch_limits, estimate_tokens, fixed_batches, plan_batches
 from ._checks import check_device, check_main_guard, dtype_name
 from ._loader import units_of
@@ -66,6 +67,9 @@ class Executor:
     ``dtype`` is a ``torch.dtype`` or its name (``"float16"``), as for ``from_pretrained``;
     ``cache_dir`` the hub cache that holds ``model`` (a repo id) and cross-repo code; a repo
     id it lacks is downloaded whole first (``token``, ``local_files_only`` as for ``load``).
+    ``code_revision`` is the revision whose code the workers load and verify (default:
+    ``revision``), as in transformers: the model is built from ``revision``'s config and
+    weights with that code's classes.
 
     ``digest`` is the code digest the caller already checked, if any: other code found
     now raises ``CodeChangedError``. Either way, ``self.digest`` is what every worker (and
@@ -126,6 +130,7 @@ class Executor:
         ray_resources: dict[str, Any] | None = None,
         token: str | bool | None = None,
         local_files_only: bool | None = None,
+        code_revision: str | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
@@ -138,8 +143,16 @@ class Executor:
             check_device(device)  # (a Ray actor checks its own node's devices)
         dtype = dtype_name(dtype)  # torch.float16 or "float16": the name travels
         cache = None if cache_dir is None else os.fspath(cache_dir)
-        bundle = resolve(model, revision=revision, cache_dir=cache, token=token,
-                         local_files_only=local_files_only, fetch="model")
+        own_code = code_revision is None or code_revision == revision
+        if not own_code and backend == "ray":
+            raise ValueError("code_revision other than revision is not supported with "
+                             "backend='ray' (an actor receives one model folder)")
+        bundle = resolve(model, revision=revision if own_code else code_revision,
+                         cache_dir=cache, token=token, local_files_only=local_files_only,
+                         fetch="model" if own_code else "code")
+        weights = bundle.source.root if own_code else _hub.locate(
+            model, revision=revision, cache_dir=cache, token=token,
+            local_files_only=local_files_only, need="model").root
         if digest is not None and bundle.digest != digest:
             raise code_changed(bundle, digest)
         bundle.check_classes(needed_classes(preload))  # another class's problem is no matter
@@ -150,7 +163,8 @@ class Executor:
             # model defines): it must refuse what its workers would refuse, from now on,
             # as ``load(model, lock=...)`` here would.
             record(decision, units_of(bundle).values())
-        self.model = str(bundle.source.root)
+        #: The folder the workers build the model from (config, tokenizer, weights).
+        self.model = str(weights)
         #: The code decided on here; every worker, and every replacement, runs exactly it.
         self.digest = bundle.digest
         #: A fixed count per batch, in input order; ``None``: batches planned by tokens.
@@ -167,8 +181,9 @@ class Executor:
         threads = threads_per_worker or max(1, int(cpus))
         specs = [
             WorkerSpec(self.model, revision, trust_remote_code, locked,
-                       device if backend == "ray" else _device_for(device, slot), dtype, threads, tuple(preload), self.digest,
-                       cache, generate_path)
+                       device if backend == "ray" else _device_for(device, slot), dtype, threads,
+                       tuple(preload), self.digest, cache, generate_path,
+                       code=None if own_code else str(bundle.source.root))
             for slot in range(workers)
         ]
         transport: Transport

@@ -57,6 +57,11 @@ class WorkerSpec:
     generate_path: str = "auto"
     #: ``False``: load and verify every class strictly, build nothing (``codeferry doctor``).
     serve: bool = True
+    #: The folder of the code when it is another revision's than ``model``'s
+    #: (``code_revision``, as in transformers): the classes are loaded and verified from
+    #: here, the config, tokenizer and weights read from ``model`` with them.
+    #: ``None``: ``model``'s own code.
+    code: str | None = None
 
 
 #: New tokens of a ``generate`` call that names none (the planner counts them too).
@@ -161,21 +166,30 @@ class _Engine:
         self._accepted: dict[int, tuple[set[str], bool]] = {}
         #: (path, why) once the generate model is built: see ``_generation.choose_path``.
         self.generate_path: tuple[str, str] | None = None
+        code = spec.code or spec.model
         if not spec.serve:
             # ``codeferry doctor``: the code arrives with the config, by ticket, first; a
             # lock binds this process before anything arrives.
-            self.classes = (load_pinned(spec.model, str(spec.digest), lock=spec.lock,
+            self.classes = (load_pinned(code, str(spec.digest), lock=spec.lock,
                                         revision=spec.revision, cache_dir=spec.cache_dir)
                             if spec.lock is not None else {})
             return
         if spec.digest is None:
-            self.classes = load(spec.model, trust_remote_code=spec.trust_remote_code,
+            self.classes = load(code, trust_remote_code=spec.trust_remote_code,
                                 revision=spec.revision, lock=spec.lock, cache_dir=spec.cache_dir)
         else:
-            self.classes = load_pinned(spec.model, spec.digest, revision=spec.revision,
+            self.classes = load_pinned(code, spec.digest, revision=spec.revision,
                                        cache_dir=spec.cache_dir,
                                        trust_remote_code=spec.trust_remote_code, lock=spec.lock)
-        self.tokenizer = AutoTokenizer.from_pretrained(spec.model, revision=spec.revision)
+        #: ``config=`` for ``from_pretrained`` when the code is another revision's: ``model``'s
+        #: config built by the loaded config class, so that transformers neither reads the
+        #: code of ``model``'s own revision nor asks which config class owns its model_type.
+        self._with_config: dict[str, Any] = {}
+        config_class: Any = self.classes.get("AutoConfig")
+        if spec.code not in (None, spec.model) and config_class is not None:
+            self._with_config["config"] = config_class.from_pretrained(spec.model)
+        self.tokenizer = AutoTokenizer.from_pretrained(spec.model, revision=spec.revision,
+                                                       **self._with_config)
         if self.tokenizer.pad_token is None:
             fallback = self.tokenizer.eos_token or self.tokenizer.unk_token
             if fallback is not None:
@@ -195,7 +209,7 @@ class _Engine:
         if key not in self.models:
             dtype = getattr(torch, self.spec.dtype) if self.spec.dtype else None
             model: Any = auto.from_pretrained(self.spec.model, revision=self.spec.revision,
-                                              dtype=dtype)
+                                              dtype=dtype, **self._with_config)
             self.models[key] = model.to(self.spec.device).eval()
             if kind == "generate":
                 from ._generation import choose_path

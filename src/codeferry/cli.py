@@ -126,8 +126,14 @@ def _show(args: argparse.Namespace, data: object, text: str) -> None:
         sys.stdout.write(text)
 
 
+def _code_revision(args: argparse.Namespace) -> str | None:
+    """The revision whose code a static command reads: ``--code-revision``, else ``--revision``."""
+    code_revision: str | None = args.code_revision
+    return code_revision or args.revision
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    bundle = resolve(args.model or _demo(), revision=args.revision, cache_dir=args.cache_dir,
+    bundle = resolve(args.model or _demo(), revision=_code_revision(args), cache_dir=args.cache_dir,
                      token=args.token, local_files_only=args.local_files_only)
     if args.graph:
         _write_graph(Path(args.graph), render_dot(bundle))
@@ -138,7 +144,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_lock(args: argparse.Namespace) -> int:
     from ._lockfile import Lock
 
-    bundle = resolve(args.model or _demo(), revision=args.revision, cache_dir=args.cache_dir,
+    bundle = resolve(args.model or _demo(), revision=_code_revision(args), cache_dir=args.cache_dir,
                      token=args.token, local_files_only=args.local_files_only)
     bundle.check_classes()  # refused only when no class can load
     for ref in bundle.classes:
@@ -158,7 +164,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
     lock = read_lock(args.lock)
     model = args.model or _demo()
-    bundle = resolve(model, revision=args.revision, cache_dir=args.cache_dir, token=args.token, local_files_only=args.local_files_only)
+    bundle = resolve(model, revision=_code_revision(args), cache_dir=args.cache_dir,
+                     token=args.token, local_files_only=args.local_files_only)
     diff = lock.diff(bundle)
     if bundle.digest == lock.digest:
         print(f"ok: {bundle.source.name} matches {args.lock} ({lock.digest})")
@@ -184,6 +191,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         start_method=args.start_method, revision=args.revision, lock=args.lock,
         cache_dir=args.cache_dir, backend=args.backend, address=args.address,
         token=args.token, local_files_only=args.local_files_only,
+        code_revision=args.code_revision,
     )
     _show(args, report.to_json(), render_doctor(report))
     return 0 if report.ok else 1
@@ -199,7 +207,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
             f"--fail-on: unknown categor{'ies' if len(unknown) > 1 else 'y'} "
             f"{', '.join(map(repr, unknown))}; valid: {', '.join(CATEGORIES)}"
         )
-    report = audit_bundle(resolve(args.model or _demo(), revision=args.revision,
+    report = audit_bundle(resolve(args.model or _demo(), revision=_code_revision(args),
                                   cache_dir=args.cache_dir, token=args.token,
                                   local_files_only=args.local_files_only))
     _show(args, report.to_json(), render_audit(report))
@@ -240,6 +248,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             pooling=args.pooling, revision=args.revision, cache_dir=args.cache_dir,
             force_resume=args.force_resume, backend=args.backend, address=args.address,
             token=args.token, local_files_only=args.local_files_only,
+            code_revision=args.code_revision,
         )
     except BrokenPipeError:  # `codeferry run | head`: the reader left; stop quietly
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -265,6 +274,9 @@ def _backend_options(command: argparse.ArgumentParser) -> None:
 def _common_options(command: argparse.ArgumentParser) -> None:
     """Options every subcommand takes. ``--debug`` is also accepted before the command."""
     command.add_argument("--revision", help="branch, tag or commit of a repo (default: main)")
+    command.add_argument("--code-revision", metavar="REVISION",
+                         help="the revision whose code runs, as transformers' code_revision: "
+                         "config and weights still come from --revision (default: --revision)")
     command.add_argument("--cache-dir", metavar="DIR",
                          help="the Hugging Face hub cache that holds MODEL (default: $HF_HUB_CACHE, "
                          "else $HF_HOME/hub, else $XDG_CACHE_HOME or ~/.cache, /huggingface/hub)")
