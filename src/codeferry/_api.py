@@ -11,11 +11,11 @@ from typing import Any
 
 from . import _loader, _pickling, _transformers
 from ._automap import ClassRef
-from ._hub import Need
 from ._lockfile import Lock
+from ._options import ModelOptions
 from ._requirements import pip_name
-from ._resolve import Bundle, resolve
-from ._trust import code_changed, decide, record
+from ._resolve import Bundle
+from ._trust import code_changed, record
 from .errors import (
     CodeferryError,
     ConfigUnavailableError,
@@ -24,7 +24,7 @@ from .errors import (
     RemoteCodeExecutionError,
 )
 
-__all__ = ["load", "load_pinned", "LoadResult", "class_key"]
+__all__ = ["load", "load_pinned", "load_with", "LoadResult", "class_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -134,44 +134,33 @@ def load(
     of a lock file) that lists exactly this code; once a lock was used in a process, that
     process runs (and accepts from other processes) only code some lock of it lists.
     """
-    if token is not None and not isinstance(token, (str, bool)):
-        raise TypeError(f"token must be a string, a bool or None, not {type(token).__name__}")
-    own_code = code_revision is None or code_revision == revision
-    return _load(model, trust_remote_code=trust_remote_code,
-                 revision=code_revision if code_revision is not None else revision, lock=lock,
-                 classes=classes, strict=strict, cache_dir=cache_dir, token=token,
-                 local_files_only=local_files_only, fetch="model" if own_code else "code")
+    return load_with(model, ModelOptions.of(locals()), classes=classes, strict=strict)
 
 
-def load_pinned(model: str | os.PathLike[str], digest: str, **options: Any) -> LoadResult:
+def load_pinned(model: str | os.PathLike[str], digest: str, options: ModelOptions, *,
+                strict: bool = False) -> LoadResult:
     """``load``, only if the code found now is ``digest``: what a parent checked for its workers.
 
     Trust is a decision about one digest, not about a folder: a worker started (or
     replaced, or resumed) after the folder changed raises ``CodeChangedError`` naming
     both digests before it executes anything.
     """
-    return _load(model, expected=digest, **options)
+    return load_with(model, options, expected=digest, strict=strict)
 
 
-def _load(
+def load_with(
     model: str | os.PathLike[str],
+    options: ModelOptions,
     *,
-    trust_remote_code: bool = False,
-    revision: str | None = None,
-    lock: Lock | str | os.PathLike[str] | None = None,
     classes: Sequence[str] | None = None,
     strict: bool = False,
-    cache_dir: str | os.PathLike[str] | None = None,
     expected: str | None = None,
-    token: str | bool | None = None,
-    local_files_only: bool | None = None,
-    fetch: Need = "model",
 ) -> LoadResult:
+    """``load`` with its options as one value (``expected``: the digest, as ``load_pinned``)."""
     # What importing codeferry leaves alone, the first load installs (idempotent).
     _loader.install_finder()
     _pickling.install_cloudpickle_support()
-    bundle = resolve(model, revision=revision, cache_dir=cache_dir, requirements=False,
-                     token=token, local_files_only=local_files_only, fetch=fetch)
+    bundle = options.resolve_code(model, whole=True, requirements=False)
     if expected is not None and bundle.digest != expected:
         raise code_changed(bundle, expected)
     refs = list(bundle.classes)
@@ -186,7 +175,7 @@ def _load(
                 fix="ask for one of the auto_map keys the model has.",
             )
         refs = [r for r in refs if class_key(r.source, r.key) in wanted]
-    decision = decide(bundle, trust_remote_code=trust_remote_code, lock=lock)
+    decision = options.decide(bundle)
     failed: dict[str, CodeferryError] = {}
     for ref in refs:  # static problems first: refused code is never registered
         if bundle.problems_for(ref):

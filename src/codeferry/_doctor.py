@@ -19,13 +19,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from . import _hub
 from ._api import load_pinned
 from ._checks import check_main_guard
 from ._lockfile import Lock
-from ._resolve import resolve
+from ._options import ModelOptions
 from ._transport import Event, LocalTransport, Transport
-from ._trust import decide
 from ._worker import WorkerSpec
 from .errors import CodeferryError, RemoteTraceback, WorkerError
 
@@ -85,9 +83,7 @@ def doctor_checks(worker: Any, config_bytes: bytes) -> dict[str, Any]:
     """
     spec = worker.spec
     config = pickle.loads(config_bytes)
-    classes = load_pinned(spec.code or spec.model, spec.digest, trust_remote_code=spec.trust_remote_code,
-                          revision=spec.revision, lock=spec.lock, strict=True,
-                          cache_dir=spec.cache_dir)
+    classes = load_pinned(spec.code or spec.model, spec.digest, spec.options, strict=True)
     worker.classes = classes
     config_cls = classes.get("AutoConfig")
     checks: dict[str, Any] = {"config_class_is_loaded_class": type(config) is config_cls,
@@ -158,25 +154,18 @@ def doctor(
     """
     from transformers import AutoConfig
 
+    options = ModelOptions.of(locals())
     if backend == "local":
         check_main_guard(start_method)  # a worker would die bootstrapping, with exit code 1
-    own_code = code_revision is None or code_revision == revision
-    if not own_code and backend == "ray":
-        raise ValueError("code_revision other than revision is not supported with "
-                         "backend='ray' (an actor receives one model folder)")
-    bundle = resolve(model, revision=revision if own_code else code_revision,
-                     cache_dir=cache_dir, token=token, local_files_only=local_files_only)
-    configs = bundle.source.root if own_code else _hub.locate(
-        model, revision=revision, cache_dir=cache_dir, token=token,
-        local_files_only=local_files_only).root
-    decision = decide(bundle, trust_remote_code=trust_remote_code, lock=lock, demo=True)
-    locked = decision.lock
-    trust_remote_code = decision.trust_remote_code
+    options.check_backend(backend)
+    bundle = options.resolve_code(model)
+    configs = options.locate_model(model, bundle, need="code").root
+    decided = options.for_workers(options.decide(bundle, demo=True))
     # strict: the doctor's verdict covers every class, so one that cannot load fails it.
-    classes = load_pinned(bundle.source.root, bundle.digest, trust_remote_code=trust_remote_code,
-                          lock=locked, strict=True, cache_dir=cache_dir)
+    classes = load_pinned(bundle.source.root, bundle.digest, decided, strict=True)
     # The config of ``revision``, built by the class of the code loaded (code_revision's).
-    config_class: Any = AutoConfig if own_code else classes.get("AutoConfig", AutoConfig)
+    config_class: Any = AutoConfig if options.own_code else classes.get("AutoConfig",
+                                                                        AutoConfig)
     config = config_class.from_pretrained(str(configs))
     transport: Transport
     if backend == "ray":
@@ -185,9 +174,8 @@ def doctor(
         transport = RayTransport(bundle, address=address)
     else:
         transport = LocalTransport(start_method)
-    spec = WorkerSpec(str(configs), revision, locked is None and trust_remote_code,
-                      locked, "cpu", None, 1, (), bundle.digest, cache_dir, serve=False,
-                      code=None if own_code else str(bundle.source.root))
+    spec = WorkerSpec(str(configs), decided, "cpu", None, 1, (), bundle.digest, serve=False,
+                      code=None if options.own_code else str(bundle.source.root))
     request = transport.pack((doctor_checks, (transport.pack(config),), {}))
     events: queue.SimpleQueue[Event] = queue.SimpleQueue()
     channels = [transport.start(index, spec, events.put) for index in range(workers)]

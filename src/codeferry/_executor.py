@@ -26,15 +26,14 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, Literal
 
-from . import _hub
 from ._batching import batch_limits, estimate_tokens, fixed_batches, plan_batches
 from ._checks import check_device, check_main_guard, dtype_name
 from ._loader import units_of
 from ._lockfile import Lock
-from ._resolve import resolve
+from ._options import ModelOptions
 from ._scheduler import Batch, Call, Outcome, Scheduler
 from ._transport import LocalTransport, Transport
-from ._trust import code_changed, decide, record
+from ._trust import code_changed, record
 from ._worker import DEFAULT_NEW_TOKENS, WorkerSpec
 
 __all__ = ["Executor", "Outcome"]
@@ -132,6 +131,7 @@ class Executor:
         local_files_only: bool | None = None,
         code_revision: str | None = None,
     ) -> None:
+        options = ModelOptions.of(locals())
         if workers < 1:
             raise ValueError("workers must be at least 1")
         if generate_path not in ("auto", "continuous", "batched"):
@@ -142,23 +142,14 @@ class Executor:
             check_main_guard("spawn" if warm else start_method)  # the zygote is spawned
             check_device(device)  # (a Ray actor checks its own node's devices)
         dtype = dtype_name(dtype)  # torch.float16 or "float16": the name travels
-        cache = None if cache_dir is None else os.fspath(cache_dir)
-        own_code = code_revision is None or code_revision == revision
-        if not own_code and backend == "ray":
-            raise ValueError("code_revision other than revision is not supported with "
-                             "backend='ray' (an actor receives one model folder)")
-        bundle = resolve(model, revision=revision if own_code else code_revision,
-                         cache_dir=cache, token=token, local_files_only=local_files_only,
-                         fetch="model" if own_code else "code")
-        weights = bundle.source.root if own_code else _hub.locate(
-            model, revision=revision, cache_dir=cache, token=token,
-            local_files_only=local_files_only, need="model").root
+        options.check_backend(backend)
+        bundle = options.resolve_code(model, whole=True)
+        weights = options.locate_model(model, bundle).root
         if digest is not None and bundle.digest != digest:
             raise code_changed(bundle, digest)
         bundle.check_classes(needed_classes(preload))  # another class's problem is no matter
-        decision = decide(bundle, trust_remote_code=trust_remote_code, lock=lock)
-        locked = decision.lock
-        if locked is not None:
+        decision = options.decide(bundle)
+        if decision.lock is not None:
             # The parent unpickles its workers' replies (results, errors of classes the
             # model defines): it must refuse what its workers would refuse, from now on,
             # as ``load(model, lock=...)`` here would.
@@ -180,10 +171,10 @@ class Executor:
             (os.cpu_count() or 1) // workers)
         threads = threads_per_worker or max(1, int(cpus))
         specs = [
-            WorkerSpec(self.model, revision, trust_remote_code, locked,
+            WorkerSpec(self.model, options.for_workers(decision),
                        device if backend == "ray" else _device_for(device, slot), dtype, threads,
-                       tuple(preload), self.digest, cache, generate_path,
-                       code=None if own_code else str(bundle.source.root))
+                       tuple(preload), self.digest, generate_path,
+                       code=None if options.own_code else str(bundle.source.root))
             for slot in range(workers)
         ]
         transport: Transport

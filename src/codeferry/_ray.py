@@ -214,8 +214,8 @@ class RayWorker:
             check_device(spec.device)
             folder, stats = materialize(ferry)
             cross = folder / CROSS_REPO_CACHE
-            self.engine = _Engine(replace(spec, model=str(folder),
-                                          cache_dir=str(cross) if cross.is_dir() else None))
+            options = replace(spec.options, cache_dir=str(cross) if cross.is_dir() else None)
+            self.engine = _Engine(replace(spec, model=str(folder), options=options))
         except BaseException as exc:  # noqa: BLE001 - the handshake carries it to the driver
             return ("failed", os.getpid(), error_payload(exc), node)
         info = {**self.engine.info(), **node, "ferry": stats, "folder": str(folder)}

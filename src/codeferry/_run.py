@@ -67,12 +67,11 @@ from typing import Any, Literal, TextIO
 from filelock import FileLock, Timeout
 from tqdm import tqdm
 
-from . import _hub
 from ._checks import check_device, dtype_name
 from ._executor import Executor, Outcome, needed_classes
 from ._lockfile import Lock
-from ._resolve import Bundle, resolve
-from ._trust import decide
+from ._options import ModelOptions
+from ._resolve import Bundle
 from .errors import (
     BatchFailedError,
     InputFormatError,
@@ -692,6 +691,7 @@ def run(
     ``backend="ray"`` runs the workers as Ray actors on the cluster at ``address`` (or
     ``RAY_ADDRESS``); the output and its resumption are the same.
     """
+    options = ModelOptions.of(locals())
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
     if workers < 1 or (batch_size is not None and batch_size < 1):
@@ -701,15 +701,10 @@ def run(
     show = err.isatty() if progress is None else progress
     items = read_inputs(input_path, task)
     dtype = dtype_name(dtype)  # recorded as its name: torch.float16 and "float16" agree
-    own_code = code_revision is None or code_revision == revision
-    bundle = resolve(model, revision=revision if own_code else code_revision,
-                     cache_dir=cache_dir, token=token, local_files_only=local_files_only,
-                     fetch="model" if own_code else "code")
-    weights = bundle.source if own_code else _hub.locate(
-        model, revision=revision, cache_dir=cache_dir, token=token,
-        local_files_only=local_files_only, need="model")
+    bundle = options.resolve_code(model, whole=True)
+    weights = options.locate_model(model, bundle)
     bundle.check_classes(needed_classes((task,)))
-    decision = decide(bundle, trust_remote_code=trust_remote_code, lock=lock, demo=True)
+    decision = options.decide(bundle, demo=True)
     if backend == "local":
         check_device(device)  # before the output is opened (the executor checks again)
 
@@ -743,13 +738,13 @@ def run(
             if path is not None and record is not None:
                 _write_record(path, record)
             # The code checked above, pinned: workers verify they run exactly its digest.
+            decided = options.keywords() | {"trust_remote_code": decision.trust_remote_code,
+                                            "lock": decision.lock}
             executor = Executor(
-                str(bundle.source.root) if own_code else model, workers=count,
-                start_method=start_method, device=device, dtype=dtype,
-                trust_remote_code=decision.trust_remote_code, lock=decision.lock,
-                revision=revision, code_revision=code_revision, batch_size=batch_size,
-                preload=(task,), digest=bundle.digest, cache_dir=cache_dir, backend=backend,
-                address=address, token=token, local_files_only=local_files_only,
+                str(bundle.source.root) if options.own_code else model, workers=count,
+                start_method=start_method, device=device, dtype=dtype, batch_size=batch_size,
+                preload=(task,), digest=bundle.digest, backend=backend, address=address,
+                **decided,
             )
         except BaseException:
             sink.close(discard=True)
