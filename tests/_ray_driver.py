@@ -130,7 +130,7 @@ def locked(model: str, other: str) -> None:
 
     bundle = codeferry.resolve(model)
     lock = codeferry.Lock.from_bundle(codeferry.resolve(other))
-    spec = WorkerSpec(str(bundle.source.root), ModelOptions(lock=lock), "cpu", None, 1,
+    spec = WorkerSpec(str(bundle.origin.root), ModelOptions(lock=lock), "cpu", None, 1,
                       ("generate",), bundle.digest)
     transport = RayTransport(bundle, resources={"num_cpus": 0, "resources": {"node2": 0.01}})
     scheduler = Scheduler(transport, [spec], max_retries=0, startup_timeout=120)

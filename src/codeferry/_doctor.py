@@ -162,7 +162,7 @@ def doctor(
     configs = options.locate_model(model, bundle, need="code").root
     decided = options.for_workers(options.decide(bundle, demo=True))
     # strict: the doctor's verdict covers every class, so one that cannot load fails it.
-    classes = load_pinned(bundle.source.root, bundle.digest, decided, strict=True)
+    classes = load_pinned(bundle.origin.root, bundle.digest, decided, strict=True)
     # The config of ``revision``, built by the class of the code loaded (code_revision's).
     config_class: Any = AutoConfig if options.own_code else classes.get("AutoConfig",
                                                                         AutoConfig)
@@ -175,7 +175,7 @@ def doctor(
     else:
         transport = LocalTransport(start_method)
     spec = WorkerSpec(str(configs), decided, "cpu", None, 1, (), bundle.digest, serve=False,
-                      code=None if options.own_code else str(bundle.source.root))
+                      code=None if options.own_code else str(bundle.origin.root))
     request = transport.pack((doctor_checks, (transport.pack(config),), {}))
     events: queue.SimpleQueue[Event] = queue.SimpleQueue()
     channels = [transport.start(index, spec, events.put) for index in range(workers)]
@@ -220,7 +220,7 @@ def doctor(
             channel.stop(5.0)
         transport.close()
     how = "ray" if backend == "ray" else start_method
-    return DoctorReport(bundle.source.name, bundle.digest, how, list(reports.values()))
+    return DoctorReport(bundle.origin.name, bundle.digest, how, list(reports.values()))
 
 
 def render_doctor(report: DoctorReport) -> str:

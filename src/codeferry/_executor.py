@@ -174,7 +174,7 @@ class Executor:
             WorkerSpec(self.model, options.for_workers(decision),
                        device if backend == "ray" else _device_for(device, slot), dtype, threads,
                        tuple(preload), self.digest, generate_path,
-                       code=None if options.own_code else str(bundle.source.root))
+                       code=None if options.own_code else str(bundle.origin.root))
             for slot in range(workers)
         ]
         transport: Transport

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Literal
 
 from . import _source
-from ._source import MAX_ASSET_BYTES, WEIGHT_SUFFIXES, ModelSource
+from ._source import MAX_ASSET_BYTES, WEIGHT_SUFFIXES, ModelOrigin
 from .errors import (
     GatedRepoError,
     HubDownloadError,
@@ -87,7 +87,7 @@ def locate(
     token: str | bool | None = None,
     local_files_only: bool | None = None,
     need: Need = "code",
-) -> ModelSource:
+) -> ModelOrigin:
     """``_source.locate``, downloading what ``need`` takes of a repo id the cache lacks.
 
     A folder (a snapshot folder included) is read as it is: it is never fetched.
@@ -106,19 +106,19 @@ def locate_repo(
     token: str | bool | None = None,
     local_files_only: bool | None = None,
     need: Need = "code",
-) -> ModelSource:
+) -> ModelOrigin:
     """The cached snapshot of ``repo_id`` at ``revision``, downloaded first if need be."""
     cache = Path(cache_dir) if cache_dir is not None else _source.hub_cache_dir()
     absent: ModelNotFoundError | None = None
     missing: tuple[str, ...] = ()
     try:
-        source = _source.locate_repo(repo_id, revision=revision, cache_dir=cache)
+        origin = _source.locate_repo(repo_id, revision=revision, cache_dir=cache)
     except ModelNotFoundError as exc:
         absent = exc
     else:
-        missing = _missing(source, cache, need)
+        missing = _missing(origin, cache, need)
         if not missing:
-            return source
+            return origin
     reason = offline_reason(local_files_only)
     if reason is not None:
         raise _not_cached(repo_id, revision, reason, absent, missing)
@@ -132,10 +132,10 @@ def _needed(path: str, size: int | None, need: Need) -> bool:
     return not path.endswith(WEIGHT_SUFFIXES) and (size or 0) <= MAX_ASSET_BYTES
 
 
-def _missing(source: ModelSource, cache: Path, need: Need) -> tuple[str, ...]:
+def _missing(origin: ModelOrigin, cache: Path, need: Need) -> tuple[str, ...]:
     """The needed files a cached snapshot lacks, by the file list huggingface_hub kept."""
-    assert source.repo_id is not None and source.commit is not None
-    if not (source.fence / "trees" / f"{source.commit}.json").is_file():
+    assert origin.repo_id is not None and origin.commit is not None
+    if not (origin.fence / "trees" / f"{origin.commit}.json").is_file():
         return ()  # no list to compare with (and no reason to import huggingface_hub)
     import huggingface_hub
     from huggingface_hub import errors as hub_errors
@@ -145,13 +145,13 @@ def _missing(source: ModelSource, cache: Path, need: Need) -> tuple[str, ...]:
     if cached_tree is None or unlisted is None:
         return ()
     try:
-        files = cached_tree(source.repo_id, revision=source.commit, cache_dir=str(cache))
+        files = cached_tree(origin.repo_id, revision=origin.commit, cache_dir=str(cache))
     except unlisted:
         return ()
     return tuple(sorted(
         f.path for f in files
         if _needed(f.path, f.size, need)
-        and not source.root.joinpath(*f.path.split("/")).is_file()  # a broken link is missing
+        and not origin.root.joinpath(*f.path.split("/")).is_file()  # a broken link is missing
     ))
 
 

@@ -24,7 +24,7 @@ from typing import Any
 from . import _hub
 from ._lockfile import Lock
 from ._resolve import Bundle, resolve
-from ._source import ModelSource
+from ._source import ModelOrigin
 from ._trust import Decision, decide
 
 __all__ = ["ModelOptions"]
@@ -82,11 +82,11 @@ class ModelOptions:
                        fetch="model" if whole and self.own_code else "code")
 
     def locate_model(self, model: str | os.PathLike[str], code: Bundle, *,
-                     need: _hub.Need = "model") -> ModelSource:
+                     need: _hub.Need = "model") -> ModelOrigin:
         """Where ``model``'s config and weights are: ``revision``'s folder (``code``'s own
         when the code is that revision's), downloaded first as ``need`` says."""
         if self.own_code:
-            return code.source
+            return code.origin
         return _hub.locate(model, revision=self.revision, cache_dir=self.cache_dir,
                            token=self.token, local_files_only=self.local_files_only, need=need)
 

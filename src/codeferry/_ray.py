@@ -99,8 +99,8 @@ def _sha256(path: Path) -> str:
 def build_ferry(bundle: Any) -> Ferry:
     """Put the model folder of ``bundle`` into the object store (the driver's side)."""
     ray = ray_module()
-    source = bundle.source
-    files = list_files(source)
+    origin = bundle.origin
+    files = list_files(origin)
     manifest = {rel: (_sha256(path), path.stat().st_size) for rel, path in files.items()}
     small = {rel: files[rel].read_bytes() for rel in manifest if not is_weight(rel)}
     for rel, data in cross_repo_files(bundle).items():
@@ -110,7 +110,7 @@ def build_ferry(bundle: Any) -> Ferry:
     big = {rel: size for rel, (_, size) in manifest.items() if is_weight(rel)}
     shipped = sum(big.values()) <= ship_limit()
     large = {rel: ray.put(files[rel].read_bytes()) for rel in big} if shipped else {}
-    return Ferry(token, manifest, ray.put(small), large, source.repo_id, source.commit)
+    return Ferry(token, manifest, ray.put(small), large, origin.repo_id, origin.commit)
 
 
 #: Inside a node's copy of the folder: a hub cache of the cross-repo code the model names
@@ -122,7 +122,7 @@ def cross_repo_files(bundle: Any) -> dict[str, bytes]:
     """The code of every other repo the model's ``auto_map`` names, laid out as a hub cache
     (``refs/main`` at the commit the driver pinned), under ``CROSS_REPO_CACHE``."""
     out: dict[str, bytes] = {}
-    for (repo, path), data in bundle.sources.items():
+    for (repo, path), data in bundle.contents.items():
         if repo is None:
             continue
         base = f"{CROSS_REPO_CACHE}/models--{repo.replace('/', '--')}"

@@ -16,7 +16,7 @@ def _size(n: int) -> str:
 def render_report(bundle: Bundle) -> str:
     """The human form of ``codeferry inspect``."""
     out: list[str] = []
-    src = bundle.source
+    src = bundle.origin
     out.append(f"model    {src.name}")
     if src.repo_id:
         out.append(f"folder   {src.root}")
@@ -25,32 +25,32 @@ def render_report(bundle: Bundle) -> str:
         out.append(f"pinned   {repo}@{commit}")
 
     out.append("classes")
-    by_source: dict[str, dict[str, list[str | None]]] = defaultdict(dict)
+    by_file: dict[str, dict[str, list[str | None]]] = defaultdict(dict)
     pairs: set[tuple[str, str]] = set()
     blocked: dict[tuple[str, str], list[str]] = defaultdict(list)
     for ref in bundle.classes:
         for problem in bundle.problems_for(ref):
             why = f"{type(problem).__name__} at {problem.location or ref.reference}"
-            if why not in blocked[(ref.source, ref.key)]:
-                blocked[(ref.source, ref.key)].append(why)
-        slots = by_source[ref.source].setdefault(ref.key, [])
+            if why not in blocked[(ref.declared_in, ref.key)]:
+                blocked[(ref.declared_in, ref.key)].append(why)
+        slots = by_file[ref.declared_in].setdefault(ref.key, [])
         if ref.slot is None:
             slots.append(ref.reference)
         else:
-            pairs.add((ref.source, ref.key))
+            pairs.add((ref.declared_in, ref.key))
             slots.extend([None] * (ref.slot + 1 - len(slots)))
             slots[ref.slot] = ref.reference
-    for source, keys in by_source.items():
-        out.append(f"  {source}")
+    for declared_in, keys in by_file.items():
+        out.append(f"  {declared_in}")
         width = max(len(k) for k in keys)
         rows = []
         for key, refs in keys.items():
-            if (source, key) in pairs:
+            if (declared_in, key) in pairs:
                 refs = refs + [None] * (2 - len(refs))
                 shown = "[" + ", ".join("null" if r is None else r for r in refs) + "]"
             else:
                 shown = str(refs[0])
-            reasons = blocked.get((source, key))
+            reasons = blocked.get((declared_in, key))
             rows.append((key, shown, "blocked: " + "; ".join(reasons) if reasons else "ok"))
         shown_width = max(len(shown) for _, shown, _ in rows)
         for key, shown, state in rows:

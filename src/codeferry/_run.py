@@ -741,7 +741,7 @@ def run(
             decided = options.keywords() | {"trust_remote_code": decision.trust_remote_code,
                                             "lock": decision.lock}
             executor = Executor(
-                str(bundle.source.root) if options.own_code else model, workers=count,
+                str(bundle.origin.root) if options.own_code else model, workers=count,
                 start_method=start_method, device=device, dtype=dtype, batch_size=batch_size,
                 preload=(task,), digest=bundle.digest, backend=backend, address=address,
                 **decided,

@@ -184,9 +184,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     bundle = _bundle(args)
     diff = lock.diff(bundle)
     if bundle.digest == lock.digest:
-        print(f"ok: {bundle.source.name} matches {args.lock} ({lock.digest})")
+        print(f"ok: {bundle.origin.name} matches {args.lock} ({lock.digest})")
         return 0
-    print(f"MISMATCH: {bundle.source.name} is not the code locked in {args.lock}")
+    print(f"MISMATCH: {bundle.origin.name} is not the code locked in {args.lock}")
     print(f"  locked  {lock.digest}\n  actual  {bundle.digest}")
     for line in diff.lines():
         print(f"  {line}")
@@ -194,7 +194,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         print(f"after reviewing the changes, re-lock: codeferry lock {model} -o {args.lock}")
     else:
         print(f"{args.lock} is the lock of another model ({lock.model}); to lock "
-              f"{bundle.source.name}, write a new lock file (locking into {args.lock} would "
+              f"{bundle.origin.name}, write a new lock file (locking into {args.lock} would "
               f"overwrite it): codeferry lock {model} -o {lock.new_path(bundle)}")
     return 1
 
@@ -254,20 +254,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.input is None and args.model is not None:
         raise UsageError("--input FILE is required with a MODEL (without MODEL, the bundled "
                          "demo runs on its own prompts)")
-    source = Path(args.input) if args.input else Path(_demo()) / "prompts.txt"
+    inputs = Path(args.input) if args.input else Path(_demo()) / "prompts.txt"
     output = args.output or "-"
     if output != "-":
         target = Path(output)
         if target.is_dir():
             raise UsageError(f"--output {output} is a folder: name a file")
-        if target.exists() and source.exists() and os.path.samefile(target, source):
+        if target.exists() and inputs.exists() and os.path.samefile(target, inputs):
             raise UsageError(f"--output {output} is the input file: name another file")
     workers = args.workers or (2 if (os.cpu_count() or 1) > 1 else 1)
     # The workers' "Loading weights" bars would garble ours (and clutter logs).
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         result = run(
-            args.model or _demo(), source, output, task=args.task, workers=workers,
+            args.model or _demo(), inputs, output, task=args.task, workers=workers,
             start_method=args.start_method, batch_size=args.batch_size,
             max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
             pooling=args.pooling, force_resume=args.force_resume, backend=args.backend,
