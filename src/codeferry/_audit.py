@@ -39,6 +39,7 @@ import os
 
 from ._audit_findings import CATEGORIES, AuditReport, Finding
 from ._audit_visitor import Auditor
+from ._automap import qualified
 from ._resolve import Bundle, resolve
 
 __all__ = ["CATEGORIES", "AuditReport", "Finding", "audit", "audit_bundle", "audit_source",
@@ -60,7 +61,7 @@ def audit_bundle(bundle: Bundle) -> AuditReport:
     for (repo, path), data in sorted(bundle.contents.items(), key=lambda item: (item[0][0] or "", item[0][1])):
         if not path.endswith(".py"):
             continue  # assets: data the code reads
-        shown = f"{repo}--{path}" if repo else path
+        shown = qualified(repo, path)
         try:
             text = data.decode("utf-8")
             findings += audit_source(text, path=path, repo=repo)

@@ -26,7 +26,8 @@ from typing import Any
 
 from .errors import InvalidAutoMapError, ShadowingModuleError, UnsafePathError
 
-__all__ = ["AUTO_MAP_FILES", "ClassRef", "parse_auto_maps", "parse_reference", "line_of"]
+__all__ = ["AUTO_MAP_FILES", "ClassRef", "parse_auto_maps", "parse_reference", "line_of",
+           "qualified"]
 
 #: Files that may carry an ``auto_map``, in the order they are read.
 AUTO_MAP_FILES: tuple[str, ...] = (
@@ -81,8 +82,14 @@ class ClassRef:
     @property
     def reference(self) -> str:
         """The entry as ``auto_map`` spells it."""
-        prefix = f"{self.repo}--" if self.repo else ""
-        return f"{prefix}{self.module}.{self.name}"
+        return qualified(self.repo, f"{self.module}.{self.name}")
+
+
+def qualified(repo: str | None, name: str) -> str:
+    """``name`` (a module, a file, a class) of ``repo``'s code, as ``auto_map`` spells a
+    cross-repo reference: ``org/repo--name``; of the model's own code (``None``): ``name``.
+    Module names, file names in messages and locks, and references all read this way."""
+    return f"{repo}--{name}" if repo else name
 
 
 def line_of(text: str, needle: str, start_line: int = 1) -> int | None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import _digest
+from ._automap import qualified
 from ._resolve import Bundle
 from .errors import LockFormatError, LockMismatchError
 
@@ -65,7 +66,7 @@ class LockDiff:
 
     def lines(self) -> list[str]:
         def name(f: LockedFile) -> str:
-            return f"{f.repo}--{f.path}" if f.repo else f.path
+            return qualified(f.repo, f.path)
 
         out = [f"added    {name(f)}  sha256:{f.sha256}" for f in self.added]
         out += [f"removed  {name(f)}  sha256:{f.sha256}" for f in self.removed]

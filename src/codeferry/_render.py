@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from ._automap import qualified
 from ._resolve import Bundle
 
 __all__ = ["render_report", "render_dot"]
@@ -60,7 +61,7 @@ def render_report(bundle: Bundle) -> str:
     out.append(f"files ({len(bundle.files)}, {_size(total)})")
     width = max((len(f.path) + (len(f.repo) + 2 if f.repo else 0) for f in bundle.files), default=0)
     for f in bundle.files:
-        name = f"{f.repo}--{f.path}" if f.repo else f.path
+        name = qualified(f.repo, f.path)
         tag = "" if f.kind == "module" else f"  ({f.kind})"
         out.append(f"  {name:<{width}}  {_size(f.size):>9}  sha256:{f.sha256[:12]}{tag}")
 
@@ -100,7 +101,7 @@ def _quote(text: str) -> str:
 
 def render_dot(bundle: Bundle) -> str:
     """The import graph: modules as boxes, ``auto_map`` modules bold, deferred edges dashed."""
-    named = {(c.repo + "--" if c.repo else "") + c.module for c in bundle.classes}
+    named = {qualified(c.repo, c.module) for c in bundle.classes}
     lines = ["digraph codeferry {", "  rankdir=LR;", "  node [shape=box, fontname=Helvetica];"]
     for module in bundle.modules:
         style = ', style=bold' if module.qualified in named else ""

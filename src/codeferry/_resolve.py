@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _graph, _hub
-from ._automap import AUTO_MAP_FILES, ClassRef, parse_auto_maps
+from ._automap import AUTO_MAP_FILES, ClassRef, parse_auto_maps, qualified
 from ._digest import bundle_digest, file_sha256
 from ._requirements import (
     Requirement,
@@ -89,7 +89,7 @@ class Module:
     @property
     def qualified(self) -> str:
         """Unique across units: cross-repo modules read ``org/repo--module``."""
-        return f"{self.repo}--{self.name}" if self.repo else self.name
+        return qualified(self.repo, self.name)
 
 
 @dataclass
@@ -334,8 +334,8 @@ class _Resolver:
         # ``code_revision``, which defaults to the other repo's main branch whatever
         # revision the model was asked at. We resolve ``main`` once, to a commit, and
         # record it.
-        origin = _hub.locate_repo(repo, cache_dir=self.cache_dir, token=self.token,
-                                  local_files_only=self.local_files_only)
+        origin = _hub.locate(repo, is_repo_id=True, cache_dir=self.cache_dir, token=self.token,
+                             local_files_only=self.local_files_only)
         assert origin.commit is not None
         self.pins[repo] = origin.commit
         unit = RepoScan(origin, repo, list_files(origin))
@@ -368,13 +368,13 @@ class _Resolver:
 
     def _register(self, unit: RepoScan, name: str, *, where: str, line: int | None) -> Module | None:
         found = _graph.module_path(name, unit.files)
-        qualified = f"{unit.repo}--{name}" if unit.repo else name
+        full_name = qualified(unit.repo, name)
         if found is None or (found[0] == "" and not found[1]):
             self.report(MissingModuleError(
                 f"module {name!r} is not in {unit.origin.name} (no {name.replace('.', '/')}.py).",
                 path=where, line=line,
                 fix=f"add {name.replace('.', '/')}.py to the model folder, or correct the name.",
-            ), qualified)
+            ), full_name)
             return None
         rel, is_package = found
         module = Module(unit.repo, name, rel, is_package)
@@ -616,7 +616,7 @@ def resolve(
     digest = bundle_digest(files)
 
     scans = [
-        ((f"{unit.repo}--" if unit.repo else "") + unit.modules[name].path, scan)
+        (qualified(unit.repo, unit.modules[name].path), scan)
         for unit in resolver.units.values()
         for name, scan in unit.scans.items()
     ]
@@ -686,7 +686,7 @@ def _closures(
     rank = {name: i for i, name in enumerate(order)}
     out: dict[ClassRef, tuple[str, ...]] = {}
     for ref in refs:
-        start = f"{ref.repo}--{ref.module}" if ref.repo else ref.module
+        start = qualified(ref.repo, ref.module)
         seen = {start}
         todo = [start]
         while todo:

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from . import _policy
+from ._automap import qualified
 from ._lockfile import Lock, read_lock
 from ._resolve import Bundle
 from ._store import Unit
@@ -74,7 +75,7 @@ def record(decision: Decision, units: Iterable[Unit]) -> None:
 def trust_error(bundle: Bundle) -> TrustRequiredError:
     """Rule 4: the code would run, and nobody decided that it may."""
     files = tuple(
-        (f"{f.repo}--" if f.repo else "") + f.path for f in bundle.files if f.kind != "asset"
+        qualified(f.repo, f.path) for f in bundle.files if f.kind != "asset"
     )
     listing = ", ".join(files)
     return TrustRequiredError(
