@@ -46,7 +46,8 @@ def code_and_weights(worker: Any) -> dict[str, Any]:
             "checksum": float(sum(p.double().sum() for p in model.state_dict().values()))}
 
 
-def _checksum(snapshot: Path) -> float:
+def checksum(snapshot: Path) -> float:
+    """What ``code_and_weights`` reports of the weights in ``snapshot``."""
     weights = load_file(str(snapshot / "model.safetensors"))
     return float(sum(t.double().sum() for t in weights.values()))
 
@@ -70,8 +71,8 @@ def test_executor_workers_run_the_code_of_code_revision_with_the_weights_of_revi
     assert not theirs["config_has_defaults"]  # the first commit's code built the model...
     assert theirs["config_class"] == mine["config_class"] == "VersyConfig"
     # ... from the second commit's weights (the first's differ)
-    assert theirs["checksum"] == pytest.approx(_checksum(second))
-    assert theirs["checksum"] != pytest.approx(_checksum(first))
+    assert theirs["checksum"] == pytest.approx(checksum(second))
+    assert theirs["checksum"] != pytest.approx(checksum(first))
     assert texts == own_texts  # the same math on the same weights
 
 
@@ -102,11 +103,3 @@ def test_code_revision_on_the_command_line_reaches_the_workers(
     assert cli.main(["doctor", "acme/versy", "--json", *workers, *where[:4]]) == 0
     assert json.loads(capsys.readouterr().out)["digest"] == new_code
 
-
-def test_code_revision_is_refused_with_ray_before_anything_starts(
-    two_revisions: tuple[Path, Path, Path],
-) -> None:
-    cache, first, second = two_revisions
-    with pytest.raises(ValueError, match="code_revision"):
-        codeferry.Executor("acme/versy", revision=second.name, code_revision=first.name,
-                           cache_dir=cache, backend="ray", trust_remote_code=True)

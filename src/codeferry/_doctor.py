@@ -157,24 +157,24 @@ def doctor(
     options = ModelOptions.of(locals())
     if backend == "local":
         check_main_guard(start_method)  # a worker would die bootstrapping, with exit code 1
-    options.check_backend(backend)
     bundle = options.resolve_code(model)
-    configs = options.locate_model(model, bundle, need="code").root
+    configs = options.locate_model(model, bundle, need="code")
     decided = options.for_workers(options.decide(bundle, demo=True))
     # strict: the doctor's verdict covers every class, so one that cannot load fails it.
     classes = load_pinned(bundle.origin.root, bundle.digest, decided, strict=True)
     # The config of ``revision``, built by the class of the code loaded (code_revision's).
     config_class: Any = AutoConfig if options.own_code else classes.get("AutoConfig",
                                                                         AutoConfig)
-    config = config_class.from_pretrained(str(configs))
+    config = config_class.from_pretrained(str(configs.root))
     transport: Transport
     if backend == "ray":
         from ._ray import RayTransport
 
-        transport = RayTransport(bundle, address=address)
+        transport = RayTransport(bundle, address=address,
+                                 model=None if options.own_code else configs)
     else:
         transport = LocalTransport(start_method)
-    spec = WorkerSpec(str(configs), decided, "cpu", None, 1, (), bundle.digest, serve=False,
+    spec = WorkerSpec(str(configs.root), decided, "cpu", None, 1, (), bundle.digest, serve=False,
                       code=None if options.own_code else str(bundle.origin.root))
     request = transport.pack((doctor_checks, (transport.pack(config),), {}))
     events: queue.SimpleQueue[Event] = queue.SimpleQueue()

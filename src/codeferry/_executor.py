@@ -142,9 +142,8 @@ class Executor:
             check_main_guard("spawn" if warm else start_method)  # the zygote is spawned
             check_device(device)  # (a Ray actor checks its own node's devices)
         dtype = dtype_name(dtype)  # torch.float16 or "float16": the name travels
-        options.check_backend(backend)
         bundle = options.resolve_code(model, whole=True)
-        weights = options.locate_model(model, bundle).root
+        weights = options.locate_model(model, bundle)
         if digest is not None and bundle.digest != digest:
             raise code_changed(bundle, digest)
         bundle.check_classes(needed_classes(preload))  # another class's problem is no matter
@@ -155,7 +154,7 @@ class Executor:
             # as ``load(model, lock=...)`` here would.
             record(decision, units_of(bundle).values())
         #: The folder the workers build the model from (config, tokenizer, weights).
-        self.model = str(weights)
+        self.model = str(weights.root)
         #: The code decided on here; every worker, and every replacement, runs exactly it.
         self.digest = bundle.digest
         #: A fixed count per batch, in input order; ``None``: batches planned by tokens.
@@ -181,7 +180,8 @@ class Executor:
         if backend == "ray":
             from ._ray import RayTransport
 
-            transport = RayTransport(bundle, address=address, resources=ray_resources)
+            transport = RayTransport(bundle, address=address, resources=ray_resources,
+                                     model=None if options.own_code else weights)
         elif backend == "local":
             transport = LocalTransport(start_method, warm=warm)
         else:

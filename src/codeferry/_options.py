@@ -65,12 +65,6 @@ class ModelOptions:
         """Whether the code is ``revision``'s own (no other ``code_revision``)."""
         return self.code_revision is None or self.code_revision == self.revision
 
-    def check_backend(self, backend: str) -> None:
-        """Refuse another revision's code with Ray: an actor receives one model folder."""
-        if backend == "ray" and not self.own_code:
-            raise ValueError("code_revision other than revision is not supported with "
-                             "backend='ray' (an actor receives one model folder)")
-
     def resolve_code(self, model: str | os.PathLike[str], *, whole: bool = False,
                      requirements: bool = True) -> Bundle:
         """``model``'s code at the code revision. ``whole``: a repo id the cache lacks is
