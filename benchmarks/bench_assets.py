@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
         for label, model in (("small unit", small), ("unit with the asset", big)):
             cfg = AutoConfig.from_pretrained(model)
-            unit = _pickling.runtime_of(type(cfg)).unit
+            unit = _pickling.registration_of(type(cfg)).unit
             times = []
             for _ in range(3):
                 old = _loader._private.pop(unit.token, None)  # a new copy, as a new process makes

@@ -96,9 +96,9 @@ def _load_classes(method: str, job: dict[str, Any]) -> None:
         config = ForkingPickler.loads(job["payload"])
         from codeferry import _loader, _pickling
 
-        runtime = _pickling.runtime_of(type(config))
-        for name in runtime.unit.order:
-            _loader.import_module(runtime, name)
+        registration = _pickling.registration_of(type(config))
+        for name in registration.unit.order:
+            _loader.import_module(registration, name)
     elif method == "transformers":
         from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
@@ -242,7 +242,7 @@ def prepare(tmp: Path) -> dict[str, Any]:
 
     # transformers' refs, config first (the order its Auto classes use), one per class.
     refs: list[str] = []
-    for ref in sorted(bundle.classes, key=lambda r: (r.key != "AutoConfig", r.source, r.key)):
+    for ref in sorted(bundle.classes, key=lambda r: (r.key != "AutoConfig", r.declared_in, r.key)):
         assert ref.repo is None
         dotted = f"{ref.module}.{ref.name}"
         if dotted not in refs:

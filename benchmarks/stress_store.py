@@ -32,7 +32,7 @@ from the store. Finally the parent checks the store itself: ``read_unit`` return
 the manifest's per-file hashes and every file on disk match the original bytes, and
 ``units/`` holds nothing else.
 
-A loader builds the unit the way ``codeferry.load`` does after resolving (``UnitData`` from
+A loader builds the unit the way ``codeferry.load`` does after resolving (``Unit`` from
 the files), calls ``codeferry._loader.register(unit)`` (which writes the store) and imports
 its modules in order. The unit is pure Python: two modules, a sub-package, relative imports,
 and an asset read through ``Path(__file__).parent`` at import (so the store copy is used).
@@ -159,13 +159,13 @@ def read_tree(folder: Path) -> dict[str, bytes]:
 
 
 def build_unit(source: Mapping[str, Any]) -> Any:
-    """The round's ``UnitData``, built in this process from the files (as a loader would)."""
+    """The round's ``Unit``, built in this process from the files (as a loader would)."""
     from codeferry._digest import unit_digest
-    from codeferry._store import UnitData
+    from codeferry._store import Unit
 
     if source["kind"] == "pure":
         files = read_tree(Path(source["path"]))
-        return UnitData(unit_digest(files), files, ORDER, PACKAGES, "stress-unit")
+        return Unit(unit_digest(files), files, ORDER, PACKAGES, "stress-unit")
     from codeferry._loader import units_of
     from codeferry._resolve import resolve
 
@@ -228,23 +228,23 @@ def _barrier(spec: Mapping[str, Any]) -> None:
         time.sleep(0.002)
 
 
-def _check_modules(runtime: Any, expected: Mapping[str, str], nonce: str | None) -> int:
-    """Every executed module of ``runtime``: codeferry's loader, exactly the expected bytes."""
+def _check_modules(registration: Any, expected: Mapping[str, str], nonce: str | None) -> int:
+    """Every executed module of ``registration``: codeferry's loader, exactly the expected bytes."""
     from codeferry import _loader
 
     checked = 0
     for fullname, module in list(sys.modules.items()):
-        if not fullname.startswith(runtime.package + "."):
+        if not fullname.startswith(registration.package + "."):
             continue
         loader = module.__spec__.loader
         if not isinstance(loader, _loader._Loader):
             raise TypeError(f"{fullname} was not executed by codeferry's loader: {loader!r}")
         if loader.rel is None:
             continue
-        got = sha(loader.runtime.unit.files[loader.rel])
+        got = sha(loader.registration.unit.files[loader.rel])
         if got != expected.get(loader.rel):
             raise AssertionError(f"{fullname} executed bytes {got}, expected {expected.get(loader.rel)}")
-        if module.__file__ != str(runtime.verified_dir() / loader.rel):
+        if module.__file__ != str(registration.verified_dir() / loader.rel):
             raise AssertionError(f"{fullname}.__file__ is {module.__file__}")
         if nonce is not None and (module.NONCE != nonce or module.SOURCE_SHA != got):
             raise AssertionError(f"{fullname} recorded {module.NONCE} {module.SOURCE_SHA}")
@@ -256,17 +256,17 @@ def _load_pure(spec: Mapping[str, Any]) -> dict[str, Any]:
     from codeferry import _loader
 
     unit = build_unit(spec["source"])
-    runtime = _loader.register(unit)
+    registration = _loader.register(unit)
     for name in unit.order:
-        _loader.import_module(runtime, name)
-    modeling = sys.modules[runtime.module_name("modeling_stress")]
+        _loader.import_module(registration, name)
+    modeling = sys.modules[registration.module_name("modeling_stress")]
     out = modeling.StressModel(modeling.StressConfig(width=WIDTH)).forward(INPUTS)
     if out != expected_output():
         raise AssertionError(f"forward gave {out}, expected {expected_output()}")
-    checked = _check_modules(runtime, spec["expected"]["files"], spec["nonce"])
+    checked = _check_modules(registration, spec["expected"]["files"], spec["nonce"])
     if checked != len(ORDER):
         raise AssertionError(f"checked {checked} modules, expected {len(ORDER)}")
-    return {"digest": runtime.unit.digest, "modules": checked}
+    return {"digest": registration.unit.digest, "modules": checked}
 
 
 def _load_real(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -282,13 +282,13 @@ def _load_real(spec: Mapping[str, Any]) -> dict[str, Any]:
         logits = model(torch.tensor([[1, 2, 3]])).logits
     if tuple(logits.shape) != (1, 3, config.vocab_size):
         raise AssertionError(f"logits of shape {tuple(logits.shape)}")
-    runtime = _loader.registered(f"{_loader.PREFIX}.u{spec['expected']['digest'][7:39]}")
-    if runtime is None or runtime.unit.digest != spec["expected"]["digest"]:
+    registration = _loader.registered(f"{_loader.PREFIX}.u{spec['expected']['digest'][7:39]}")
+    if registration is None or registration.unit.digest != spec["expected"]["digest"]:
         raise AssertionError("the model's unit is not registered under its digest")
-    checked = _check_modules(runtime, spec["expected"]["files"], None)
+    checked = _check_modules(registration, spec["expected"]["files"], None)
     if checked < 2:
         raise AssertionError(f"only {checked} modules executed")
-    return {"digest": runtime.unit.digest, "modules": checked}
+    return {"digest": registration.unit.digest, "modules": checked}
 
 
 def _read_by_digest(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -300,10 +300,10 @@ def _read_by_digest(spec: Mapping[str, Any]) -> dict[str, Any]:
     token = spec["expected"]["digest"][7:39]
     for name in spec["modules"]:
         importlib.import_module(f"{_loader.PREFIX}.u{token}.{name}")
-    runtime = _loader.registered(f"{_loader.PREFIX}.u{token}")
-    assert runtime is not None
-    checked = _check_modules(runtime, spec["expected"]["files"], spec.get("nonce"))
-    return {"digest": runtime.unit.digest, "modules": checked}
+    registration = _loader.registered(f"{_loader.PREFIX}.u{token}")
+    assert registration is not None
+    checked = _check_modules(registration, spec["expected"]["files"], spec.get("nonce"))
+    return {"digest": registration.unit.digest, "modules": checked}
 
 
 def worker_main(spec_path: str) -> int:

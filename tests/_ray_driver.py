@@ -34,9 +34,11 @@ def nodes() -> None:
 def _reference(model: str, kind: str, texts: list[str], cache_dir: str | None = None,
                **options: Any) -> list[Any]:
     """What a worker computes, computed here, in this process, one text at a time."""
+    from codeferry._options import ModelOptions
     from codeferry._worker import WorkerSpec, _Engine
 
-    engine = _Engine(WorkerSpec(model, None, True, None, "cpu", None, 1, (), None, cache_dir))
+    options = ModelOptions(cache_dir=cache_dir, trust_remote_code=True)
+    engine = _Engine(WorkerSpec(model, options, "cpu", None, 1, ()))
     if kind == "generate":
         return [engine.generate([t], {"max_new_tokens": 4, **options})[0] for t in texts]
     if kind == "embed":
@@ -121,14 +123,15 @@ def _close(a: Any, b: Any) -> bool:
 def locked(model: str, other: str) -> None:
     """An actor pinned to node2 given a lock for other code refuses to run this code."""
     import codeferry
+    from codeferry._options import ModelOptions
     from codeferry._ray import RayTransport
     from codeferry._scheduler import Scheduler
     from codeferry._worker import WorkerSpec
 
     bundle = codeferry.resolve(model)
     lock = codeferry.Lock.from_bundle(codeferry.resolve(other))
-    spec = WorkerSpec(str(bundle.source.root), None, False, lock, "cpu", None, 1,
-                      ("generate",), bundle.digest, None)
+    spec = WorkerSpec(str(bundle.origin.root), ModelOptions(lock=lock), "cpu", None, 1,
+                      ("generate",), bundle.digest)
     transport = RayTransport(bundle, resources={"num_cpus": 0, "resources": {"node2": 0.01}})
     scheduler = Scheduler(transport, [spec], max_retries=0, startup_timeout=120)
     try:

@@ -30,7 +30,7 @@ from codeferry import _loader, _pickling, errors
 from codeferry._digest import unit_digest
 from codeferry._lockfile import Lock
 from codeferry._source import MAX_ASSET_BYTES
-from codeferry._store import UnitData
+from codeferry._store import Unit
 from codeferry.testing import ModelSpec, write_hub_model, write_model
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -103,31 +103,31 @@ def tampered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     (root / "table.json").write_text(json.dumps(TABLE), encoding="utf-8")
     classes = codeferry.load(root, trust_remote_code=True)
     config_cls = classes["AutoConfig"]
-    runtime = _pickling.runtime_of(config_cls)
-    assert "table.json" in runtime.unit.files  # an asset of the unit, hashed with the code
-    ops = sys.modules[runtime.module_name("ops")]
-    for folder in (runtime.files_dir, root):
+    registration = _pickling.registration_of(config_cls)
+    assert "table.json" in registration.unit.files  # an asset of the unit, hashed with the code
+    ops = sys.modules[registration.module_name("ops")]
+    for folder in (registration.files_dir, root):
         for name in ("ops.py", "table.json"):
             _tamper(folder / name)
-    assert "TAMPERED" in (runtime.files_dir / "ops.py").read_text(encoding="utf-8")
-    yield {"root": root, "runtime": runtime, "ops": ops}
+    assert "TAMPERED" in (registration.files_dir / "ops.py").read_text(encoding="utf-8")
+    yield {"root": root, "registration": registration, "ops": ops}
 
 
 def test_asset_read_through_file_after_load_is_the_checked_bytes(tampered: dict[str, Any]) -> None:
-    ops, runtime = tampered["ops"], tampered["runtime"]
+    ops, registration = tampered["ops"], tampered["registration"]
     assert ops.read_table() == TABLE
     here = Path(ops.__file__).parent
-    assert here == runtime.verified_dir() != runtime.files_dir
+    assert here == registration.verified_dir() != registration.files_dir
     # the private copy: read-only, in a folder of this process that only its user can enter
     assert stat.S_IMODE(here.stat().st_mode) == 0o500
     assert stat.S_IMODE((here / "table.json").stat().st_mode) == 0o400
     assert stat.S_IMODE(here.parent.stat().st_mode) == 0o700
     assert here.parent.stat().st_uid == os.getuid()
-    assert (here / "table.json").read_bytes() == runtime.unit.files["table.json"]
+    assert (here / "table.json").read_bytes() == registration.unit.files["table.json"]
 
 
 def test_getsource_linecache_and_tracebacks_show_the_checked_bytes(tampered: dict[str, Any]) -> None:
-    ops, runtime = tampered["ops"], tampered["runtime"]
+    ops, registration = tampered["ops"], tampered["registration"]
     # the strongest tamper a process's own user can do: its private copy too
     _tamper(Path(ops.__file__))
     assert "x * 2" in inspect.getsource(ops.scale)
@@ -139,7 +139,7 @@ def test_getsource_linecache_and_tracebacks_show_the_checked_bytes(tampered: dic
     except ValueError:
         text = traceback.format_exc()
     assert 'raise ValueError("from the model")  # CHECKED' in text and "TAMPERED" not in text
-    assert ops.__loader__.get_source(ops.__name__) == runtime.unit.files["ops.py"].decode()
+    assert ops.__loader__.get_source(ops.__name__) == registration.unit.files["ops.py"].decode()
 
 
 def test_torch_jit_script_compiles_the_checked_bytes(tampered: dict[str, Any]) -> None:
@@ -193,9 +193,9 @@ def test_private_copies_of_killed_processes_are_swept(tmp_path: Path) -> None:
         "import os, signal, sys\n"
         "from codeferry import _loader\n"
         "from codeferry._digest import unit_digest\n"
-        "from codeferry._store import UnitData\n"
+        "from codeferry._store import Unit\n"
         "files = {'m.py': b'X = 1\\n'}\n"
-        "unit = UnitData(unit_digest(files), files, ('m',), frozenset(), 'swept')\n"
+        "unit = Unit(unit_digest(files), files, ('m',), frozenset(), 'swept')\n"
         "print(_loader.verified_dir(unit), flush=True)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
@@ -214,9 +214,9 @@ def test_a_forked_child_never_removes_its_parents_copy_and_the_parent_does() -> 
         "import os, sys\n"
         "from codeferry import _loader\n"
         "from codeferry._digest import unit_digest\n"
-        "from codeferry._store import UnitData\n"
+        "from codeferry._store import Unit\n"
         "files = {'m.py': b'X = 2\\n'}\n"
-        "unit = UnitData(unit_digest(files), files, ('m',), frozenset(), 'forked')\n"
+        "unit = Unit(unit_digest(files), files, ('m',), frozenset(), 'forked')\n"
         "folder = _loader.verified_dir(unit)\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
@@ -235,7 +235,7 @@ def test_a_forked_child_never_removes_its_parents_copy_and_the_parent_does() -> 
 def test_private_copy_of_a_unit_deeper_than_the_recursion_limit() -> None:
     rel = "/".join(["d"] * (sys.getrecursionlimit() + 100)) + "/m.py"
     files = {rel: b"X = 1\n"}
-    unit = UnitData(unit_digest(files), files, (), frozenset(), "deep")
+    unit = Unit(unit_digest(files), files, (), frozenset(), "deep")
     folder = _loader.verified_dir(unit)
     assert (folder / rel).read_bytes() == files[rel]
     assert stat.S_IMODE((folder / rel).parent.stat().st_mode) == 0o500

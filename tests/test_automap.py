@@ -35,7 +35,7 @@ def test_nested_sub_config_auto_map_is_read_with_its_key_path() -> None:
         "llm_config": {"auto_map": {"AutoConfig": "configuration_llm.LLMConfig"},
                        "vision": {"auto_map": {"AutoConfig": "vis.VisConfig"}}},
     })
-    assert [r.source for r in found] == ["config.json", "config.json:llm_config",
+    assert [r.declared_in for r in found] == ["config.json", "config.json:llm_config",
                                          "config.json:llm_config.vision"]
 
 

@@ -158,6 +158,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_resolve",),
     ("_lockfile", "_render", "_audit"),
     ("_trust", "_loader"),
+    ("_options",),  # which model and whose code: one value from the command line to the worker
     ("_pickling",),
     ("_transformers", "_saving"),
     ("_api", "_adopt", "_model_types"),

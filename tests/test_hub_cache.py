@@ -75,11 +75,11 @@ def test_resolve_load_inspect_lock_and_verify(form: str, forms: dict[str, str], 
     bundle = codeferry.resolve(model)
     bundle.check()
     if form == "local":
-        assert bundle.source.fence == Path(model).resolve() and bundle.source.repo_id is None
+        assert bundle.origin.fence == Path(model).resolve() and bundle.origin.repo_id is None
     else:
-        assert bundle.source.fence == snapshot.parents[1].resolve()
-        assert (bundle.source.repo_id, bundle.source.commit) == (REPO, snapshot.name)
-        assert bundle.source.name == f"{REPO}@{snapshot.name}"
+        assert bundle.origin.fence == snapshot.parents[1].resolve()
+        assert (bundle.origin.repo_id, bundle.origin.commit) == (REPO, snapshot.name)
+        assert bundle.origin.name == f"{REPO}@{snapshot.name}"
     assert bundle.digest == codeferry.resolve(forms["local"]).digest  # the same code
     classes = codeferry.load(model, trust_remote_code=True)
     assert {"AutoConfig", "AutoModelForCausalLM"} <= set(classes)
@@ -184,5 +184,5 @@ def test_a_model_in_a_sub_folder_of_a_snapshot_reads_its_blobs(
             (inner / link.name).symlink_to("../" + os.readlink(link))
     bundle = codeferry.resolve(inner)
     bundle.check()
-    assert bundle.source.root == inner.resolve() and bundle.source.fence == outer.parents[1].resolve()
+    assert bundle.origin.root == inner.resolve() and bundle.origin.fence == outer.parents[1].resolve()
     assert bundle.digest == codeferry.resolve(outer).digest

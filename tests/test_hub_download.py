@@ -90,7 +90,7 @@ def test_inspect_fetches_the_code_and_configs_but_no_weights(
     hub: FakeHub, folders: dict[str, Path], served: dict[str, Repo], tmp_path: Path
 ) -> None:
     bundle = codeferry.resolve(REPO)
-    assert bundle.source.commit == _sha(served, "main")
+    assert bundle.origin.commit == _sha(served, "main")
     assert bundle.digest == codeferry.resolve(folders["main"]).digest
     snapshot = _snapshot(tmp_path, REPO, _sha(served, "main"))
     assert {"config.json", "modeling_hubby.py", "tokenizer_config.json", "vocab.json"} <= {
@@ -124,7 +124,7 @@ def test_a_revision_is_fetched_at_the_commit_it_names(
         s for s in repo.commits if s not in repo.refs.values())
     asked = sha if revision == "pinned" else revision
     bundle = codeferry.resolve(REPO, revision=asked)
-    assert bundle.source.commit == sha
+    assert bundle.origin.commit == sha
     assert bundle.digest == codeferry.resolve(folders[revision]).digest
     refs = tmp_path / "hub" / "models--acme--remote" / "refs"
     named = sorted(p.name for p in refs.iterdir()) if refs.is_dir() else []

@@ -179,7 +179,7 @@ _IMPORT_LINE = re.compile(r"^\s*(?:import|from)\s+([A-Za-z_]\w*)")
 def third_party_uses(bundle: Bundle) -> dict[str, set[tuple[str, int]]]:
     """Package -> {(shown path, line)} read from the import lines of the needed files."""
     uses: dict[str, set[tuple[str, int]]] = {}
-    for (repo, path), data in bundle.sources.items():
+    for (repo, path), data in bundle.contents.items():
         if not path.endswith(".py"):
             continue
         for number, text in enumerate(data.decode("utf-8").splitlines(), start=1):
@@ -269,11 +269,11 @@ def test_files_are_exactly_what_the_code_needs(
     assert not paths & {"config.json", "model.safetensors", "generation_config.json",
                         "tokenizer_config.json", "preprocessor_config.json"}
     for entry in bundle.files:
-        data = bundle.sources[(entry.repo, entry.path)]
+        data = bundle.contents[(entry.repo, entry.path)]
         assert entry.size == len(data)
         assert re.fullmatch(r"[0-9a-f]{64}", entry.sha256)
         assert "\\" not in entry.path and not entry.path.startswith("/")
-    assert set(bundle.sources) == {(f.repo, f.path) for f in bundle.files}
+    assert set(bundle.contents) == {(f.repo, f.path) for f in bundle.files}
     # every module is a file of the bundle
     assert {qualified(m.repo, m.path) for m in bundle.modules} == {
         qualified(r, p) for r, p, k in got if k != "asset"
@@ -315,13 +315,13 @@ def test_classes_are_every_auto_map_entry(
 ) -> None:
     bundle = inspected(key)
     spec = factory_specs[key]
-    got = {(c.source, c.key, c.slot, c.repo, c.module, c.name) for c in bundle.classes}
+    got = {(c.declared_in, c.key, c.slot, c.repo, c.module, c.name) for c in bundle.classes}
     assert got == expected_classes(spec)
     assert len(bundle.classes) == len(got)
     # config.json entries in the order the file lists them (model keys first or not)
     auto_map = json.loads((factory_models[key] / "config.json").read_text())["auto_map"]
-    assert [c.key for c in bundle.classes if c.source == "config.json"] == list(auto_map)
-    assert [c.reference for c in bundle.classes if c.source == "config.json"] == list(
+    assert [c.key for c in bundle.classes if c.declared_in == "config.json"] == list(auto_map)
+    assert [c.reference for c in bundle.classes if c.declared_in == "config.json"] == list(
         auto_map.values()
     )
 
@@ -360,7 +360,7 @@ def test_requirement_use_lines_point_at_the_import(inspected: Callable[[str], Bu
     for req in bundle.requirements:
         for use in req.uses:
             repo, _, path = use.path.rpartition("--")
-            text = bundle.sources[(repo or None, path)].decode().splitlines()[use.line - 1]
+            text = bundle.contents[(repo or None, path)].decode().splitlines()[use.line - 1]
             assert re.match(rf"\s*(import|from) {req.name}\b", text), (use, text)
 
 
@@ -398,7 +398,7 @@ def test_odd_folder_name(inspected: Callable[[str], Bundle], factory_models: dic
     folder = factory_models["default"]
     assert folder.name == "my.model-v1 copy"
     bundle = inspected("default")
-    assert bundle.source.root == folder.resolve()
+    assert bundle.origin.root == folder.resolve()
     assert bundle.load_order == ("configuration_tiny", "modeling_tiny")
 
 
@@ -412,9 +412,9 @@ def test_hub_repo_id_resolves_to_its_pinned_snapshot(
 ) -> None:
     bundle = inspected("acme/tiny")
     snapshot = factory_models["acme/tiny"]
-    assert bundle.source.repo_id == "acme/tiny"
-    assert bundle.source.root == snapshot
-    assert bundle.source.commit == snapshot.name and HEX40.match(snapshot.name)
+    assert bundle.origin.repo_id == "acme/tiny"
+    assert bundle.origin.root == snapshot
+    assert bundle.origin.commit == snapshot.name and HEX40.match(snapshot.name)
     assert bundle.to_json()["commit"] == snapshot.name
     assert bundle.pins == {}
 
@@ -460,7 +460,7 @@ def test_cross_repo_follows_main_to_a_new_commit_and_records_it(tmp_path: Path) 
     assert second.pins == {"org/moving-heads": new}
     assert second.digest != first.digest  # the other repo's new bytes are hashed
     # asking for the model at its commit still pins the other repo to a commit, never "main"
-    pinned = resolve("acme/moved", revision=first.source.commit, cache_dir=cache)
+    pinned = resolve("acme/moved", revision=first.origin.commit, cache_dir=cache)
     assert all(HEX40.match(c) for c in pinned.pins.values())
 
 
@@ -499,10 +499,10 @@ def two_revisions(tmp_path: Path) -> Iterator[tuple[Path, str, str]]:
 def test_revision_selects_the_snapshot(two_revisions: tuple[Path, str, str]) -> None:
     cache, old, new = two_revisions
     latest = resolve("acme/rev", cache_dir=cache)
-    assert latest.source.commit == new and "constants.py" in {f.path for f in latest.files}
+    assert latest.origin.commit == new and "constants.py" in {f.path for f in latest.files}
     for revision in ("v1", old):
         earlier = resolve("acme/rev", revision=revision, cache_dir=cache)
-        assert earlier.source.commit == old
+        assert earlier.origin.commit == old
         assert {f.path for f in earlier.files} == {"configuration_rev.py", "modeling_rev.py",
                                                     "layers.py"}
         assert earlier.digest != latest.digest
@@ -560,7 +560,7 @@ def test_missing_relative_import_outside_try(factory_models: dict[str, Path], tm
 
 def test_missing_relative_import_inside_try_is_fine(inspected: Callable[[str], Bundle]) -> None:
     bundle = inspected("helper_try_except")
-    source = bundle.sources[(None, "modeling_h_try_except.py")].decode()
+    source = bundle.contents[(None, "modeling_h_try_except.py")].decode()
     assert "from .optional_cuda_kernels import fused_rope_cuda" in source
     assert bundle.blocking == ()
     # ... but it is listed, as a note with its place, not silently dropped.

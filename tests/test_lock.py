@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import codeferry
-import codeferry._api as api
+import codeferry._options as _options
 from codeferry._lockfile import Lock, read_lock
 from codeferry.cli import main
 from codeferry.errors import LockFormatError, LockMismatchError, TrustRequiredError
@@ -79,7 +79,7 @@ def test_a_file_swapped_after_the_check_never_runs(
 ) -> None:
     path = fresh(tmp_path)
     marker = tmp_path / "swapped-code-ran"
-    real_resolve = api.resolve
+    real_resolve = _options.resolve  # load resolves through its ModelOptions
 
     def resolve_then_swap(*args: Any, **kwargs: Any) -> Any:
         bundle = real_resolve(*args, **kwargs)  # the bytes are read and hashed here
@@ -87,7 +87,7 @@ def test_a_file_swapped_after_the_check_never_runs(
         layers.write_text(f"open({str(marker)!r}, 'w').close()\n" + layers.read_text())
         return bundle
 
-    monkeypatch.setattr(api, "resolve", resolve_then_swap)
+    monkeypatch.setattr(_options, "resolve", resolve_then_swap)
     classes = codeferry.load(path, trust_remote_code=True)
     assert not marker.exists()
     import sys

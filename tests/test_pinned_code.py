@@ -22,7 +22,7 @@ import torch  # noqa: F401
 import transformers.modeling_utils  # noqa: F401
 
 import codeferry
-from codeferry import _doctor, _executor
+from codeferry import _doctor, _options
 from codeferry.errors import CodeChangedError, RemoteTraceback
 from codeferry.testing import ModelSpec, write_model
 
@@ -85,7 +85,7 @@ def test_workers_started_after_the_check_refuse_changed_code(
 ) -> None:
     path = pinned_model(tmp_path)
     checked: list[str] = []
-    real_resolve = _executor.resolve
+    real_resolve = _options.resolve  # the Executor resolves through its ModelOptions
 
     def resolve_then_change(*args: Any, **kwargs: Any) -> codeferry.Bundle:
         bundle = real_resolve(*args, **kwargs)  # the parent's check...
@@ -93,7 +93,7 @@ def test_workers_started_after_the_check_refuse_changed_code(
         change(path)  # ...and the folder changes before any worker starts
         return bundle
 
-    monkeypatch.setattr(_executor, "resolve", resolve_then_change)
+    monkeypatch.setattr(_options, "resolve", resolve_then_change)
     with pytest.raises(CodeChangedError) as info:
         codeferry.Executor(path, workers=2, start_method="spawn", trust_remote_code=True)
     assert_names_both(info.value, checked[0], codeferry.resolve(path).digest)

@@ -16,7 +16,11 @@ ray = pytest.importorskip("ray")
 
 sys.path.insert(0, os.path.dirname(__file__))
 import _workers  # noqa: E402
+import test_code_revision as code_revision  # noqa: E402
 import test_travel as travel  # noqa: E402
+
+import codeferry  # noqa: E402
+from codeferry.testing import ModelSpec, write_hub_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -38,3 +42,21 @@ def test_ray_task_receives_instances_and_classes(ray_cluster: Any, tmp_path: Pat
     # classes alone, through the object store (ray.put), dereferenced by the task
     ref = ray_cluster.put(objs[3:])
     assert ray_cluster.get(task.remote(ref), timeout=300) == expected[3:]
+
+
+def test_ray_actors_run_the_code_of_code_revision_with_the_weights_of_revision(
+    ray_cluster: Any, tmp_path: Path,
+) -> None:
+    """The actor's folder holds the revision's files and, inside it, the code revision's."""
+    spec = ModelSpec(name="versy", tokenizer=True)
+    first = write_hub_model(tmp_path, "acme/versy", spec, commit="a" * 40)
+    second = write_hub_model(tmp_path, "acme/versy",
+                             ModelSpec(name="versy", tokenizer=True, config_helper=True, seed=1),
+                             commit="b" * 40)
+    with codeferry.Executor("acme/versy", revision=second.name, code_revision=first.name,
+                            cache_dir=tmp_path, trust_remote_code=True, backend="ray",
+                            workers=1, ray_resources={"num_cpus": 1}) as ex:
+        [seen] = ex.collective_rpc(code_revision.code_and_weights)
+        assert ex.generate(["hello"], max_new_tokens=2)
+    assert not seen["config_has_defaults"]  # the first commit's code...
+    assert seen["checksum"] == pytest.approx(code_revision.checksum(second))  # ...the second's weights

@@ -19,7 +19,7 @@ import torch  # noqa: F401
 import transformers.modeling_utils  # noqa: F401
 
 import codeferry
-from codeferry import _run, cli
+from codeferry import _options, cli
 from codeferry._run import record_path, run
 from codeferry.errors import CodeChangedError, ResumeMismatchError
 from codeferry.testing import ModelSpec, write_model
@@ -119,17 +119,18 @@ def test_a_run_whose_model_changes_after_the_check_writes_nothing(
 ) -> None:
     model = write_model(tmp_path / "moving", ModelSpec(name="moving", tokenizer=True))
     source, output = write_jsonl(tmp_path / "in.jsonl", ROWS[:2]), tmp_path / "out.jsonl"
-    real_resolve = _run.resolve
+    real_resolve = _options.resolve  # run (then its Executor) resolves through ModelOptions
     checked: list[str] = []
 
     def resolve_then_change(*args: Any, **kwargs: Any) -> codeferry.Bundle:
         bundle = real_resolve(*args, **kwargs)  # what the record and the workers pin...
+        if not checked:
+            modeling = model / "modeling_moving.py"  # ...and the folder changes right after
+            modeling.write_text(modeling.read_text() + "\n# changed during the run\n")
         checked.append(bundle.digest)
-        modeling = model / "modeling_moving.py"  # ...and the folder changes right after
-        modeling.write_text(modeling.read_text() + "\n# changed during the run\n")
         return bundle
 
-    monkeypatch.setattr(_run, "resolve", resolve_then_change)
+    monkeypatch.setattr(_options, "resolve", resolve_then_change)
     with pytest.raises(CodeChangedError) as info:
         run(model, source, output, **FAST)
     assert info.value.expected == checked[0] != info.value.actual

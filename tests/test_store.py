@@ -17,7 +17,7 @@ import pytest
 
 from codeferry import _loader
 from codeferry._digest import token_of, unit_digest
-from codeferry._store import UnitData, read_unit, unit_path, write_unit
+from codeferry._store import Unit, read_unit, unit_path, write_unit
 from codeferry.errors import StoreCorruptError, StoreUnavailableError
 
 STRESS_SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "stress_store.py"
@@ -35,9 +35,9 @@ def _load_stress() -> types.ModuleType:
 stress = _load_stress()
 
 
-def make_unit(nonce: str = "t") -> UnitData:
+def make_unit(nonce: str = "t") -> Unit:
     files = stress.unit_sources(nonce)
-    return UnitData(unit_digest(files), files, stress.ORDER, stress.PACKAGES, f"unit-{nonce}")
+    return Unit(unit_digest(files), files, stress.ORDER, stress.PACKAGES, f"unit-{nonce}")
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def test_verify_detects_corruption() -> None:
     unit.verify()
     files = dict(unit.files)
     files["helpers/maths.py"] = files["helpers/maths.py"].replace(b"2 * x", b"3 * x")
-    bad = UnitData(unit.digest, files, unit.order, unit.packages, unit.label)
+    bad = Unit(unit.digest, files, unit.order, unit.packages, unit.label)
     with pytest.raises(StoreCorruptError) as info:
         bad.verify()
     assert info.value.digest == unit.digest
@@ -169,7 +169,7 @@ def test_garbage_of_killed_writers_is_cleaned(root: Path) -> None:
 # -- an unwritable store -----------------------------------------------------------------------
 
 
-def _assert_names_digest_and_fix(err: StoreUnavailableError, unit: UnitData) -> None:
+def _assert_names_digest_and_fix(err: StoreUnavailableError, unit: Unit) -> None:
     assert isinstance(err, OSError)
     assert err.digest == unit.digest
     assert unit.digest in str(err)
@@ -237,16 +237,16 @@ def test_loader_executes_verified_bytes_not_the_store_copy(
     monkeypatch.setenv("CODEFERRY_HOME", str(tmp_path / "home"))
     nonce = f"loader-{os.getpid()}-{time.time_ns()}"
     unit = make_unit(nonce)
-    runtime = _loader.register(unit)
-    on_disk = runtime.files_dir / "helpers" / "maths.py"
+    registration = _loader.register(unit)
+    on_disk = registration.files_dir / "helpers" / "maths.py"
     on_disk.write_bytes(b"raise RuntimeError('the store copy was executed')\n")
     for name in unit.order:
-        _loader.import_module(runtime, name)
-    modeling = sys.modules[runtime.module_name("modeling_stress")]
+        _loader.import_module(registration, name)
+    modeling = sys.modules[registration.module_name("modeling_stress")]
     config = modeling.StressConfig(width=stress.WIDTH)
     assert modeling.StressModel(config).forward(stress.INPUTS) == stress.expected_output()
     expected = {path: stress.sha(data) for path, data in unit.files.items()}
-    assert stress._check_modules(runtime, expected, nonce) == len(unit.order)
+    assert stress._check_modules(registration, expected, nonce) == len(unit.order)
 
 
 # -- the stress run, short -----------------------------------------------------------------------

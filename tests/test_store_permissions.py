@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from codeferry._digest import unit_digest
-from codeferry._store import UnitData, read_unit, write_unit
+from codeferry._store import Unit, read_unit, write_unit
 from codeferry.errors import StorePermissionError, StoreUnavailableError
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "codeferry"
@@ -34,8 +34,8 @@ FILES = {
 }
 
 
-def make_unit() -> UnitData:
-    return UnitData(unit_digest(FILES), FILES, ("helpers", "helpers.maths", "modeling_x", ""),
+def make_unit() -> Unit:
+    return Unit(unit_digest(FILES), FILES, ("helpers", "helpers.maths", "modeling_x", ""),
                     frozenset({"", "helpers"}), "unit-perm")
 
 
@@ -220,7 +220,7 @@ def test_store_subfolder_made_writable_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def victim_store(attacker: Attacker, shared: Path) -> Iterator[tuple[Path, UnitData, Path]]:
+def victim_store(attacker: Attacker, shared: Path) -> Iterator[tuple[Path, Unit, Path]]:
     """A private store in a shared folder, and a copy of its entry the attacker can read."""
     root = shared / "victim" / "v1"
     unit = make_unit()
@@ -248,7 +248,7 @@ def _close(*folders: Path) -> None:
 
 @pytest.mark.parametrize("what", ["unit", "manifest", "file"])
 def test_entry_replaced_by_another_user_is_refused(
-    attacker: Attacker, victim_store: tuple[Path, UnitData, Path], what: str
+    attacker: Attacker, victim_store: tuple[Path, Unit, Path], what: str
 ) -> None:
     """Even with bytes that match the digest: the attacker can change them at any time."""
     root, unit, copy = victim_store
@@ -279,7 +279,7 @@ def test_entry_replaced_by_another_user_is_refused(
 
 
 def test_entry_file_made_writable_by_others_is_refused(
-    attacker: Attacker, victim_store: tuple[Path, UnitData, Path]
+    attacker: Attacker, victim_store: tuple[Path, Unit, Path]
 ) -> None:
     root, unit, _ = victim_store
     entry = root / "units" / unit.token

@@ -13,11 +13,11 @@ import pytest
 
 from codeferry import _loader, _pickling
 from codeferry._digest import unit_digest
-from codeferry._store import UnitData, write_unit
+from codeferry._store import Unit, write_unit
 from codeferry.errors import TicketPackageError
 
 FILES = {"__init__.py": b"", "evil.py": b"HIJACKED = True\n"}
-UNIT = UnitData(unit_digest(FILES), FILES, ("", "evil"), frozenset({""}), "crafted")
+UNIT = Unit(unit_digest(FILES), FILES, ("", "evil"), frozenset({""}), "crafted")
 OTHER = "0" * 32
 
 
@@ -76,9 +76,9 @@ def test_by_reference_ticket_under_a_foreign_name_is_refused(args: tuple[str, ..
 def test_own_name_and_transformers_alias_are_accepted() -> None:
     own = _loader.default_package(UNIT)
     ticket = pickle.loads(embedded(own))
-    assert ticket.runtime.package == own
+    assert ticket.registration.package == own
     alias = "transformers_modules.crafted.abc123_hyphen_x"
-    assert pickle.loads(embedded(alias)).runtime.package == alias
+    assert pickle.loads(embedded(alias)).registration.package == alias
     write_unit(UNIT)
-    assert pickle.loads(by_reference(own)).runtime.unit.digest == UNIT.digest
-    assert pickle.loads(by_reference(alias, UNIT.token)).runtime.package == alias
+    assert pickle.loads(by_reference(own)).registration.unit.digest == UNIT.digest
+    assert pickle.loads(by_reference(alias, UNIT.token)).registration.package == alias

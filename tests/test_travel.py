@@ -195,7 +195,7 @@ def test_install_adopts_model_modules_only(tmp_path: Path) -> None:
     try:
         assert _loader.registered("transformers_modules") is None
         assert _loader.registered(f"transformers_modules.{name}") is None
-        adopted = [p for p in list(_loader._runtimes) if p.startswith(f"transformers_modules.{name}.")]
+        adopted = [p for p in list(_loader._registrations) if p.startswith(f"transformers_modules.{name}.")]
         assert len(adopted) == 1
     finally:
         codeferry.uninstall()

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _loader, _pickling, _policy, _transformers
 from ._digest import unit_digest
-from ._store import UnitData
+from ._store import Unit
 from .errors import CodeferryError, LockMismatchError, ModelNotFoundError
 
 if TYPE_CHECKING:
@@ -96,15 +96,15 @@ def adopt_module(module: Any) -> None:
     packages = frozenset(
         p.rsplit("/", 1)[0].replace("/", ".") for p in files if p.endswith("/__init__.py")
     )
-    unit = UnitData(unit_digest(files), files, (), packages, package)
+    unit = Unit(unit_digest(files), files, (), packages, package)
     # transformers ran this code because the caller passed trust_remote_code=True:
     # that decision is this process's trust in exactly these bytes.
     _policy.allow({unit.digest}, from_lock=False)
     with _lock:
-        runtime = _loader.register(unit, package)
+        registration = _loader.register(unit, package)
         for mod_name, mod in list(sys.modules.items()):
             if mod is not None and (mod_name == package or mod_name.startswith(package + ".")):
-                _pickling.mark_module(mod, runtime)
+                _pickling.mark_module(mod, registration)
 
 
 def _split_reference(reference: str) -> tuple[str | None, str, str] | None:
@@ -130,23 +130,23 @@ def _answer(
     if parts is None:
         return None
     try:
-        source = locate(model, revision=revision, cache_dir=cache_dir)
+        origin = locate(model, revision=revision, cache_dir=cache_dir)
     except (ModelNotFoundError, OSError, ValueError):
         return None  # not on this machine yet: transformers downloads it (and we adopt)
     with _lock:
-        if not _installed and str(source.root) not in _loaded_roots:
+        if not _installed and str(origin.root) not in _loaded_roots:
             return None
     repo, module, name = parts
     key = None
-    for ref in read_class_refs(source):
+    for ref in read_class_refs(origin):
         if (ref.repo, ref.module, ref.name) == (repo, module, name):
-            key = _api.class_key(ref.source, ref.key)
+            key = _api.class_key(ref.declared_in, ref.key)
             break
     if key is None:
         return None  # not a class this model's auto_map names: transformers' business
     # transformers asked only after its own trust check passed: that is the decision
     # (an engine's lock narrows it to exactly the locked code).
-    classes = _api.load(source.root if source.repo_id is None else model,
+    classes = _api.load(origin.root if origin.repo_id is None else model,
                         trust_remote_code=True, revision=revision, classes=[key],
                         cache_dir=cache_dir, lock=_engine_lock)
     value: Any = classes[key]
@@ -157,7 +157,7 @@ def _answer(
 
 def _unlocked(reference: str, model: Any) -> LockMismatchError:
     """A lock binds this process, and this remote class is not code codeferry could check."""
-    where = _engine_lock.source if _engine_lock is not None else None
+    where = _engine_lock.read_from if _engine_lock is not None else None
     return LockMismatchError(
         f"{reference} of {model} is remote code codeferry cannot check against the lock "
         f"{where or ''} (the model is not on this machine, or its auto_map does not name "

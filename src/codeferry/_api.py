@@ -11,11 +11,11 @@ from typing import Any
 
 from . import _loader, _pickling, _transformers
 from ._automap import ClassRef
-from ._hub import Need
 from ._lockfile import Lock
+from ._options import ModelOptions
 from ._requirements import pip_name
-from ._resolve import Bundle, resolve
-from ._trust import code_changed, decide, record
+from ._resolve import Bundle
+from ._trust import code_changed, record
 from .errors import (
     CodeferryError,
     ConfigUnavailableError,
@@ -24,17 +24,17 @@ from .errors import (
     RemoteCodeExecutionError,
 )
 
-__all__ = ["load", "load_pinned", "LoadResult", "class_key"]
+__all__ = ["load", "load_pinned", "load_with", "LoadResult", "class_key"]
 
 logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 
 
-def class_key(source: str, key: str) -> str:
+def class_key(declared_in: str, key: str) -> str:
     """The key of ``load``'s mapping: ``auto_map`` key, prefixed for nested sub-configs."""
-    if ":" in source:
-        return f"{source.split(':', 1)[1]}:{key}"
+    if ":" in declared_in:
+        return f"{declared_in.split(':', 1)[1]}:{key}"
     return key
 
 
@@ -64,9 +64,9 @@ def _first_line_in(exc: BaseException, folders: tuple[str, ...]) -> int | None:
 
 
 def _execution_error(
-    exc: Exception, runtime: _loader.Runtime, name: str, bundle: Bundle, repo: str | None
+    exc: Exception, registration: _loader.Registration, name: str, bundle: Bundle, repo: str | None
 ) -> RemoteCodeExecutionError:
-    path = runtime.locate(name)
+    path = registration.locate(name)
     where = (path[0] if path else None) or name
     missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
     if missing and not missing.startswith(("codeferry.", "transformers_modules")):
@@ -74,12 +74,12 @@ def _execution_error(
         fix = f"`pip install {pip_name(top)}` (the package {top!r} is not installed)."
     else:
         fix = ("see the cause above; a missing package is listed by "
-               f"`codeferry inspect {bundle.source.root}` under requirements.")
+               f"`codeferry inspect {bundle.origin.root}` under requirements.")
     err = RemoteCodeExecutionError(
-        f"executing {where} of {runtime.unit.label} raised {type(exc).__name__}: {exc}",
-        digest=runtime.unit.digest, model=runtime.unit.label,
-        path=str(bundle.source.root / where) if repo is None else where,
-        line=_first_line_in(exc, (str(runtime.verified_dir()), str(runtime.files_dir))), fix=fix,
+        f"executing {where} of {registration.unit.label} raised {type(exc).__name__}: {exc}",
+        digest=registration.unit.digest, model=registration.unit.label,
+        path=str(bundle.origin.root / where) if repo is None else where,
+        line=_first_line_in(exc, (str(registration.verified_dir()), str(registration.files_dir))), fix=fix,
     )
     err.__cause__ = exc
     return err
@@ -87,7 +87,7 @@ def _execution_error(
 
 def _is_model_key(ref: ClassRef) -> bool:
     """An ``auto_map`` entry whose class is built from the model's config class."""
-    return ref.source == "config.json" and ref.key.startswith(("AutoModel", "AutoBackbone"))
+    return ref.declared_in == "config.json" and ref.key.startswith(("AutoModel", "AutoBackbone"))
 
 
 def load(
@@ -134,107 +134,96 @@ def load(
     of a lock file) that lists exactly this code; once a lock was used in a process, that
     process runs (and accepts from other processes) only code some lock of it lists.
     """
-    if token is not None and not isinstance(token, (str, bool)):
-        raise TypeError(f"token must be a string, a bool or None, not {type(token).__name__}")
-    own_code = code_revision is None or code_revision == revision
-    return _load(model, trust_remote_code=trust_remote_code,
-                 revision=code_revision if code_revision is not None else revision, lock=lock,
-                 classes=classes, strict=strict, cache_dir=cache_dir, token=token,
-                 local_files_only=local_files_only, fetch="model" if own_code else "code")
+    return load_with(model, ModelOptions.of(locals()), classes=classes, strict=strict)
 
 
-def load_pinned(model: str | os.PathLike[str], digest: str, **options: Any) -> LoadResult:
+def load_pinned(model: str | os.PathLike[str], digest: str, options: ModelOptions, *,
+                strict: bool = False) -> LoadResult:
     """``load``, only if the code found now is ``digest``: what a parent checked for its workers.
 
     Trust is a decision about one digest, not about a folder: a worker started (or
     replaced, or resumed) after the folder changed raises ``CodeChangedError`` naming
     both digests before it executes anything.
     """
-    return _load(model, expected=digest, **options)
+    return load_with(model, options, expected=digest, strict=strict)
 
 
-def _load(
+def load_with(
     model: str | os.PathLike[str],
+    options: ModelOptions,
     *,
-    trust_remote_code: bool = False,
-    revision: str | None = None,
-    lock: Lock | str | os.PathLike[str] | None = None,
     classes: Sequence[str] | None = None,
     strict: bool = False,
-    cache_dir: str | os.PathLike[str] | None = None,
     expected: str | None = None,
-    token: str | bool | None = None,
-    local_files_only: bool | None = None,
-    fetch: Need = "model",
 ) -> LoadResult:
+    """``load`` with its options as one value (``expected``: the digest, as ``load_pinned``)."""
     # What importing codeferry leaves alone, the first load installs (idempotent).
     _loader.install_finder()
     _pickling.install_cloudpickle_support()
-    bundle = resolve(model, revision=revision, cache_dir=cache_dir, requirements=False,
-                     token=token, local_files_only=local_files_only, fetch=fetch)
+    bundle = options.resolve_code(model, whole=True, requirements=False)
     if expected is not None and bundle.digest != expected:
         raise code_changed(bundle, expected)
     refs = list(bundle.classes)
     if classes is not None:
         wanted = set(classes)
-        unknown = wanted - {class_key(r.source, r.key) for r in refs}
+        unknown = wanted - {class_key(r.declared_in, r.key) for r in refs}
         if unknown:
             raise MissingClassError(
-                f"{bundle.source.name} names no class {sorted(unknown)[0]!r} in its auto_map "
-                f"(it has {', '.join(sorted({class_key(r.source, r.key) for r in refs}))}).",
-                path=str(bundle.source.root / "config.json"),
+                f"{bundle.origin.name} names no class {sorted(unknown)[0]!r} in its auto_map "
+                f"(it has {', '.join(sorted({class_key(r.declared_in, r.key) for r in refs}))}).",
+                path=str(bundle.origin.root / "config.json"),
                 fix="ask for one of the auto_map keys the model has.",
             )
-        refs = [r for r in refs if class_key(r.source, r.key) in wanted]
-    decision = decide(bundle, trust_remote_code=trust_remote_code, lock=lock)
+        refs = [r for r in refs if class_key(r.declared_in, r.key) in wanted]
+    decision = options.decide(bundle)
     failed: dict[str, CodeferryError] = {}
     for ref in refs:  # static problems first: refused code is never registered
         if bundle.problems_for(ref):
             try:
                 bundle.check_class(ref)
             except CodeferryError as exc:
-                failed.setdefault(class_key(ref.source, ref.key), exc)
-    config_ref = next((r for r in refs if r.source == "config.json"
+                failed.setdefault(class_key(ref.declared_in, ref.key), exc)
+    config_ref = next((r for r in refs if r.declared_in == "config.json"
                        and r.key == "AutoConfig"), None)
     if config_ref is not None and "AutoConfig" in failed:
         for ref in refs:
             if _is_model_key(ref):
-                key = class_key(ref.source, ref.key)
+                key = class_key(ref.declared_in, ref.key)
                 failed[key] = _needs_config(key, ref, config_ref, failed["AutoConfig"])
     if failed and (strict or classes is not None or len(failed) == len(
-            {class_key(r.source, r.key) for r in refs})):
+            {class_key(r.declared_in, r.key) for r in refs})):
         _raise_failed(bundle, failed)
     units = _loader.units_of(bundle)
     record(decision, units.values())
     loaded: dict[ClassRef, Any] = {}
     with _lock:
-        runtimes = {repo: _loader.register(unit) for repo, unit in units.items()}
+        registrations = {repo: _loader.register(unit) for repo, unit in units.items()}
         broken: dict[str, CodeferryError] = {}  # module -> why it cannot execute
         for ref in sorted(refs, key=lambda r: r is not config_ref):  # the config first
-            key = class_key(ref.source, ref.key)
+            key = class_key(ref.declared_in, ref.key)
             if key in failed:
                 continue
             error: CodeferryError | None
             if config_ref is not None and _is_model_key(ref) and "AutoConfig" in failed:
                 error = _needs_config(key, ref, config_ref, failed["AutoConfig"])
             else:
-                error = _execute_closure(bundle, ref, runtimes, broken)
+                error = _execute_closure(bundle, ref, registrations, broken)
             if error is not None:
                 failed[key] = error
                 continue
-            runtime = runtimes[ref.repo]
-            loaded[ref] = getattr(_loader.import_module(runtime, ref.module), ref.name)
+            registration = registrations[ref.repo]
+            loaded[ref] = getattr(_loader.import_module(registration, ref.module), ref.name)
     for key, error in failed.items():
         _warn_once(bundle.digest, key, error)
     if failed and (strict or classes is not None or not loaded):
         _raise_failed(bundle, failed)
-    result = _as_mapping(loaded, runtimes, bundle.source.root, bundle.digest)
+    result = _as_mapping(loaded, registrations, bundle.origin.root, bundle.digest)
     if loaded:
         # Later from_pretrained(..., trust_remote_code=True) of this model: these classes,
         # not a second execution of the same files under transformers_modules.
         from ._adopt import answer_for_loaded
 
-        answer_for_loaded(str(bundle.source.root))
+        answer_for_loaded(str(bundle.origin.root))
     return LoadResult(result, failed)
 
 
@@ -255,17 +244,17 @@ def _raise_failed(bundle: Bundle, failed: Mapping[str, CodeferryError]) -> None:
     if len(errors) == 1:
         raise errors[0]
     raise ProblemsFound(
-        f"{len(failed)} classes of {bundle.source.name} cannot load: "
+        f"{len(failed)} classes of {bundle.origin.name} cannot load: "
         + "; ".join(f"{k}: {e}" for k, e in failed.items()),
         problems=tuple(errors),
-        fix=f"run `codeferry inspect {bundle.source.root}`: it shows each class's status.",
+        fix=f"run `codeferry inspect {bundle.origin.root}`: it shows each class's status.",
     )
 
 
 def _execute_closure(
     bundle: Bundle,
     ref: ClassRef,
-    runtimes: Mapping[str | None, _loader.Runtime],
+    registrations: Mapping[str | None, _loader.Registration],
     broken: dict[str, CodeferryError],
 ) -> CodeferryError | None:
     """Execute the modules ``ref`` needs, dependencies first; the error if one raises."""
@@ -273,11 +262,11 @@ def _execute_closure(
         if qualified in broken:
             return broken[qualified]
         repo, _, name = qualified.rpartition("--") if "--" in qualified else (None, "", qualified)
-        runtime = runtimes[repo or None]
+        registration = registrations[repo or None]
         try:
-            _loader.import_module(runtime, name)
+            _loader.import_module(registration, name)
         except Exception as exc:  # noqa: BLE001 - model code may raise anything
-            error = _execution_error(exc, runtime, name, bundle, repo or None)
+            error = _execution_error(exc, registration, name, bundle, repo or None)
             broken[qualified] = error
             return error
     return None
@@ -295,15 +284,15 @@ def _warn_once(digest: str, key: str, error: CodeferryError) -> None:
 
 
 def _as_mapping(
-    loaded: Mapping[ClassRef, Any], runtimes: Mapping[str | None, _loader.Runtime], root: Path,
+    loaded: Mapping[ClassRef, Any], registrations: Mapping[str | None, _loader.Registration], root: Path,
     digest: str,
 ) -> dict[str, Any]:
     classes: dict[str, Any] = {}
-    owners: dict[type, _loader.Runtime] = {}
+    owners: dict[type, _loader.Registration] = {}
     pairs: dict[str, list[Any]] = {}
     for ref, cls in loaded.items():
-        owners[cls] = runtimes[ref.repo]
-        key = class_key(ref.source, ref.key)
+        owners[cls] = registrations[ref.repo]
+        key = class_key(ref.declared_in, ref.key)
         if ref.slot is None:
             classes[key] = cls
         else:
@@ -325,6 +314,6 @@ def _as_mapping(
 
         _model_types.install_config_guard()
         _model_types.record(model_type, str(root), digest, config)
-    if None in runtimes:  # transformers reads the model's own files: the checked copies
-        _transformers.serve_verified_files(registered, root, runtimes[None])
+    if None in registrations:  # transformers reads the model's own files: the checked copies
+        _transformers.serve_verified_files(registered, root, registrations[None])
     return registered

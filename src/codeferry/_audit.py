@@ -1,6 +1,6 @@
 """What a model's code can do beyond computing: ``codeferry audit``.
 
-Pure ``ast`` over the exact bytes ``resolve`` hashed (``Bundle.sources``): nothing is
+Pure ``ast`` over the exact bytes ``resolve`` hashed (``Bundle.contents``): nothing is
 imported or executed. Every finding names a category, a place (file, line, column), the
 code, and why it matters:
 
@@ -39,6 +39,7 @@ import os
 
 from ._audit_findings import CATEGORIES, AuditReport, Finding
 from ._audit_visitor import Auditor
+from ._automap import qualified
 from ._resolve import Bundle, resolve
 
 __all__ = ["CATEGORIES", "AuditReport", "Finding", "audit", "audit_bundle", "audit_source",
@@ -57,10 +58,10 @@ def audit_bundle(bundle: Bundle) -> AuditReport:
     """Audit every Python file of a resolved model (its hashed bytes; nothing is executed)."""
     findings: list[Finding] = []
     skipped: list[tuple[str, str]] = []
-    for (repo, path), data in sorted(bundle.sources.items(), key=lambda item: (item[0][0] or "", item[0][1])):
+    for (repo, path), data in sorted(bundle.contents.items(), key=lambda item: (item[0][0] or "", item[0][1])):
         if not path.endswith(".py"):
             continue  # assets: data the code reads
-        shown = f"{repo}--{path}" if repo else path
+        shown = qualified(repo, path)
         try:
             text = data.decode("utf-8")
             findings += audit_source(text, path=path, repo=repo)
@@ -72,7 +73,7 @@ def audit_bundle(bundle: Bundle) -> AuditReport:
             skipped.append((shown, "nested too deeply to analyse"))
         except ValueError as exc:  # e.g. null bytes, on Pythons that report them so
             skipped.append((shown, f"not valid Python ({exc})"))
-    return AuditReport(bundle.source.name, bundle.digest, tuple(findings), tuple(skipped))
+    return AuditReport(bundle.origin.name, bundle.digest, tuple(findings), tuple(skipped))
 
 
 def audit(model: str | os.PathLike[str], *, revision: str | None = None,

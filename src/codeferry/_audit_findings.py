@@ -10,6 +10,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ._automap import qualified
+
 __all__ = ["CATEGORIES", "Finding", "AuditReport"]
 
 CATEGORIES: tuple[str, ...] = (
@@ -38,7 +40,7 @@ class Finding:
     @property
     def file(self) -> str:
         """The file as ``inspect`` shows it: ``org/repo--path`` for another repo's code."""
-        return f"{self.repo}--{self.path}" if self.repo else self.path
+        return qualified(self.repo, self.path)
 
     @property
     def location(self) -> str:

@@ -26,7 +26,8 @@ from typing import Any
 
 from .errors import InvalidAutoMapError, ShadowingModuleError, UnsafePathError
 
-__all__ = ["AUTO_MAP_FILES", "ClassRef", "parse_auto_maps", "parse_reference", "line_of"]
+__all__ = ["AUTO_MAP_FILES", "ClassRef", "parse_auto_maps", "parse_reference", "line_of",
+           "qualified"]
 
 #: Files that may carry an ``auto_map``, in the order they are read.
 AUTO_MAP_FILES: tuple[str, ...] = (
@@ -65,13 +66,13 @@ _PROTECTED = frozenset(sys.stdlib_module_names) | {
 class ClassRef:
     """One class named by an ``auto_map``.
 
-    ``source`` is where the entry was found (``config.json``, or
+    ``declared_in`` is where the entry was found (``config.json``, or
     ``config.json:llm_config`` for a nested sub-config); ``slot`` is the index inside a
     ``[slow, fast]`` pair, ``None`` for a plain entry; ``repo`` is the other repo of a
     cross-repo reference, ``None`` for the model's own code.
     """
 
-    source: str
+    declared_in: str
     key: str
     slot: int | None
     repo: str | None
@@ -81,8 +82,14 @@ class ClassRef:
     @property
     def reference(self) -> str:
         """The entry as ``auto_map`` spells it."""
-        prefix = f"{self.repo}--" if self.repo else ""
-        return f"{prefix}{self.module}.{self.name}"
+        return qualified(self.repo, f"{self.module}.{self.name}")
+
+
+def qualified(repo: str | None, name: str) -> str:
+    """``name`` (a module, a file, a class) of ``repo``'s code, as ``auto_map`` spells a
+    cross-repo reference: ``org/repo--name``; of the model's own code (``None``): ``name``.
+    Module names, file names in messages and locks, and references all read this way."""
+    return f"{repo}--{name}" if repo else name
 
 
 def line_of(text: str, needle: str, start_line: int = 1) -> int | None:
@@ -133,10 +140,10 @@ def parse_reference(value: str, *, path: str, line: int | None) -> tuple[str | N
 
 
 def _entries(
-    auto_map: Any, *, source: str, path: str, text: str, anchor: int
+    auto_map: Any, *, declared_in: str, path: str, text: str, anchor: int
 ) -> list[ClassRef]:
     """The ``ClassRef`` values of one ``auto_map`` object."""
-    if isinstance(auto_map, list) and source == "tokenizer_config.json":
+    if isinstance(auto_map, list) and declared_in == "tokenizer_config.json":
         auto_map = {"AutoTokenizer": auto_map}  # legacy form, still read by transformers
     if not isinstance(auto_map, dict):
         raise InvalidAutoMapError(
@@ -165,7 +172,7 @@ def _entries(
             if entry is None:
                 continue
             repo, module, name = parse_reference(entry, path=path, line=line)
-            refs.append(ClassRef(source, key, slot, repo, module, name))
+            refs.append(ClassRef(declared_in, key, slot, repo, module, name))
     return refs
 
 
@@ -180,10 +187,10 @@ def parse_auto_maps(data: Any, *, filename: str, path: str, text: str) -> list[C
         return refs
     if "auto_map" in data:
         anchor = line_of(text, '"auto_map"') or 1
-        refs += _entries(data["auto_map"], source=filename, path=path, text=text, anchor=anchor)
+        refs += _entries(data["auto_map"], declared_in=filename, path=path, text=text, anchor=anchor)
     if filename == "config.json":
         # Multimodal configs nest whole configs (InternVL's llm_config, vision_config):
-        # each may carry its own auto_map. Walk them, keeping the key path as the source.
+        # each may carry its own auto_map. Walk them, keeping the key path in declared_in.
         stack: list[tuple[str, Any]] = [(k, v) for k, v in data.items() if k != "auto_map"]
         while stack:
             key_path, value = stack.pop(0)
@@ -194,7 +201,7 @@ def parse_auto_maps(data: Any, *, filename: str, path: str, text: str) -> list[C
                 anchor = line_of(text, '"auto_map"', anchor) or anchor
                 refs += _entries(
                     value["auto_map"],
-                    source=f"{filename}:{key_path}",
+                    declared_in=f"{filename}:{key_path}",
                     path=path,
                     text=text,
                     anchor=anchor,

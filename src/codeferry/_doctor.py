@@ -22,9 +22,8 @@ from typing import Any, Literal
 from ._api import load_pinned
 from ._checks import check_main_guard
 from ._lockfile import Lock
-from ._resolve import resolve
+from ._options import ModelOptions
 from ._transport import Event, LocalTransport, Transport
-from ._trust import decide
 from ._worker import WorkerSpec
 from .errors import CodeferryError, RemoteTraceback, WorkerError
 
@@ -84,9 +83,7 @@ def doctor_checks(worker: Any, config_bytes: bytes) -> dict[str, Any]:
     """
     spec = worker.spec
     config = pickle.loads(config_bytes)
-    classes = load_pinned(spec.model, spec.digest, trust_remote_code=spec.trust_remote_code,
-                          revision=spec.revision, lock=spec.lock, strict=True,
-                          cache_dir=spec.cache_dir)
+    classes = load_pinned(spec.code or spec.model, spec.digest, spec.options, strict=True)
     worker.classes = classes
     config_cls = classes.get("AutoConfig")
     checks: dict[str, Any] = {"config_class_is_loaded_class": type(config) is config_cls,
@@ -143,6 +140,7 @@ def doctor(
     address: str | None = None,
     token: str | bool | None = None,
     local_files_only: bool | None = None,
+    code_revision: str | None = None,
 ) -> DoctorReport:
     """Load ``model`` here, send its config to ``workers`` fresh workers, report each.
 
@@ -151,31 +149,33 @@ def doctor(
     how the code reached it. A repo id the cache lacks has its code downloaded first
     (``token``, ``local_files_only`` as for ``load``): the doctor loads classes and
     configs, never weights. Trust is ``_trust.decide``'s, as for ``run``: the bundled demo
-    needs neither ``trust_remote_code`` nor a ``lock``.
+    needs neither ``trust_remote_code`` nor a ``lock``. ``code_revision`` as for
+    ``Executor``: that revision's classes build ``revision``'s config.
     """
     from transformers import AutoConfig
 
+    options = ModelOptions.of(locals())
     if backend == "local":
         check_main_guard(start_method)  # a worker would die bootstrapping, with exit code 1
-    bundle = resolve(model, revision=revision, cache_dir=cache_dir, token=token,
-                     local_files_only=local_files_only)
-    decision = decide(bundle, trust_remote_code=trust_remote_code, lock=lock, demo=True)
-    locked = decision.lock
-    trust_remote_code = decision.trust_remote_code
+    bundle = options.resolve_code(model)
+    configs = options.locate_model(model, bundle, need="code")
+    decided = options.for_workers(options.decide(bundle, demo=True))
     # strict: the doctor's verdict covers every class, so one that cannot load fails it.
-    load_pinned(model, bundle.digest, trust_remote_code=trust_remote_code, revision=revision,
-                lock=locked, strict=True, cache_dir=cache_dir, token=token,
-                local_files_only=local_files_only, fetch="code")
-    config = AutoConfig.from_pretrained(str(bundle.source.root))
+    classes = load_pinned(bundle.origin.root, bundle.digest, decided, strict=True)
+    # The config of ``revision``, built by the class of the code loaded (code_revision's).
+    config_class: Any = AutoConfig if options.own_code else classes.get("AutoConfig",
+                                                                        AutoConfig)
+    config = config_class.from_pretrained(str(configs.root))
     transport: Transport
     if backend == "ray":
         from ._ray import RayTransport
 
-        transport = RayTransport(bundle, address=address)
+        transport = RayTransport(bundle, address=address,
+                                 model=None if options.own_code else configs)
     else:
         transport = LocalTransport(start_method)
-    spec = WorkerSpec(str(bundle.source.root), revision, locked is None and trust_remote_code,
-                      locked, "cpu", None, 1, (), bundle.digest, cache_dir, serve=False)
+    spec = WorkerSpec(str(configs.root), decided, "cpu", None, 1, (), bundle.digest, serve=False,
+                      code=None if options.own_code else str(bundle.origin.root))
     request = transport.pack((doctor_checks, (transport.pack(config),), {}))
     events: queue.SimpleQueue[Event] = queue.SimpleQueue()
     channels = [transport.start(index, spec, events.put) for index in range(workers)]
@@ -220,7 +220,7 @@ def doctor(
             channel.stop(5.0)
         transport.close()
     how = "ray" if backend == "ray" else start_method
-    return DoctorReport(bundle.source.name, bundle.digest, how, list(reports.values()))
+    return DoctorReport(bundle.origin.name, bundle.digest, how, list(reports.values()))
 
 
 def render_doctor(report: DoctorReport) -> str:

@@ -30,10 +30,10 @@ from ._batching import batch_limits, estimate_tokens, fixed_batches, plan_batche
 from ._checks import check_device, check_main_guard, dtype_name
 from ._loader import units_of
 from ._lockfile import Lock
-from ._resolve import resolve
+from ._options import ModelOptions
 from ._scheduler import Batch, Call, Outcome, Scheduler
 from ._transport import LocalTransport, Transport
-from ._trust import code_changed, decide, record
+from ._trust import code_changed, record
 from ._worker import DEFAULT_NEW_TOKENS, WorkerSpec
 
 __all__ = ["Executor", "Outcome"]
@@ -66,6 +66,9 @@ class Executor:
     ``dtype`` is a ``torch.dtype`` or its name (``"float16"``), as for ``from_pretrained``;
     ``cache_dir`` the hub cache that holds ``model`` (a repo id) and cross-repo code; a repo
     id it lacks is downloaded whole first (``token``, ``local_files_only`` as for ``load``).
+    ``code_revision`` is the revision whose code the workers load and verify (default:
+    ``revision``), as in transformers: the model is built from ``revision``'s config and
+    weights with that code's classes.
 
     ``digest`` is the code digest the caller already checked, if any: other code found
     now raises ``CodeChangedError``. Either way, ``self.digest`` is what every worker (and
@@ -126,7 +129,9 @@ class Executor:
         ray_resources: dict[str, Any] | None = None,
         token: str | bool | None = None,
         local_files_only: bool | None = None,
+        code_revision: str | None = None,
     ) -> None:
+        options = ModelOptions.of(locals())
         if workers < 1:
             raise ValueError("workers must be at least 1")
         if generate_path not in ("auto", "continuous", "batched"):
@@ -137,20 +142,19 @@ class Executor:
             check_main_guard("spawn" if warm else start_method)  # the zygote is spawned
             check_device(device)  # (a Ray actor checks its own node's devices)
         dtype = dtype_name(dtype)  # torch.float16 or "float16": the name travels
-        cache = None if cache_dir is None else os.fspath(cache_dir)
-        bundle = resolve(model, revision=revision, cache_dir=cache, token=token,
-                         local_files_only=local_files_only, fetch="model")
+        bundle = options.resolve_code(model, whole=True)
+        weights = options.locate_model(model, bundle)
         if digest is not None and bundle.digest != digest:
             raise code_changed(bundle, digest)
         bundle.check_classes(needed_classes(preload))  # another class's problem is no matter
-        decision = decide(bundle, trust_remote_code=trust_remote_code, lock=lock)
-        locked = decision.lock
-        if locked is not None:
+        decision = options.decide(bundle)
+        if decision.lock is not None:
             # The parent unpickles its workers' replies (results, errors of classes the
             # model defines): it must refuse what its workers would refuse, from now on,
             # as ``load(model, lock=...)`` here would.
             record(decision, units_of(bundle).values())
-        self.model = str(bundle.source.root)
+        #: The folder the workers build the model from (config, tokenizer, weights).
+        self.model = str(weights.root)
         #: The code decided on here; every worker, and every replacement, runs exactly it.
         self.digest = bundle.digest
         #: A fixed count per batch, in input order; ``None``: batches planned by tokens.
@@ -166,16 +170,18 @@ class Executor:
             (os.cpu_count() or 1) // workers)
         threads = threads_per_worker or max(1, int(cpus))
         specs = [
-            WorkerSpec(self.model, revision, trust_remote_code, locked,
-                       device if backend == "ray" else _device_for(device, slot), dtype, threads, tuple(preload), self.digest,
-                       cache, generate_path)
+            WorkerSpec(self.model, options.for_workers(decision),
+                       device if backend == "ray" else _device_for(device, slot), dtype, threads,
+                       tuple(preload), self.digest, generate_path,
+                       code=None if options.own_code else str(bundle.origin.root))
             for slot in range(workers)
         ]
         transport: Transport
         if backend == "ray":
             from ._ray import RayTransport
 
-            transport = RayTransport(bundle, address=address, resources=ray_resources)
+            transport = RayTransport(bundle, address=address, resources=ray_resources,
+                                     model=None if options.own_code else weights)
         elif backend == "local":
             transport = LocalTransport(start_method, warm=warm)
         else:

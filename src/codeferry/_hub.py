@@ -4,7 +4,7 @@
 through huggingface_hub's own client (its cache layout, file locks, retries, tokens), and
 only for a repo id whose snapshot the cache lacks or holds in part::
 
-    locate_repo("org/name", revision="v1", need="code")
+    locate("org/name", revision="v1", need="code")
       cached, and complete for `need`  ->  that snapshot; no request at all
       else, downloads allowed          ->  snapshot_download(...), then that snapshot
       else                             ->  ModelNotCachedError
@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Literal
 
 from . import _source
-from ._source import MAX_ASSET_BYTES, WEIGHT_SUFFIXES, ModelSource
+from ._source import MAX_ASSET_BYTES, WEIGHT_SUFFIXES, ModelOrigin
 from .errors import (
     GatedRepoError,
     HubDownloadError,
@@ -55,9 +55,10 @@ from .errors import (
     HubRevisionNotFoundError,
     ModelNotCachedError,
     ModelNotFoundError,
+    _HubError,
 )
 
-__all__ = ["DEFAULT_ENDPOINT", "Need", "locate", "locate_repo", "offline_reason"]
+__all__ = ["DEFAULT_ENDPOINT", "Need", "locate", "offline_reason"]
 
 Need = Literal["code", "model"]
 
@@ -87,38 +88,29 @@ def locate(
     token: str | bool | None = None,
     local_files_only: bool | None = None,
     need: Need = "code",
-) -> ModelSource:
-    """``_source.locate``, downloading what ``need`` takes of a repo id the cache lacks.
+    is_repo_id: bool = False,
+) -> ModelOrigin:
+    """``model``'s folder, or the cached snapshot of a repo id at ``revision``, downloaded
+    first if need be (what ``need`` takes, of a repo the cache lacks or holds in part).
 
     A folder (a snapshot folder included) is read as it is: it is never fetched.
+    ``is_repo_id=True``: ``model`` is a repo id whatever the file system holds (the other
+    repo of a cross-repo reference).
     """
-    if Path(model).expanduser().is_dir():
+    if not is_repo_id and Path(model).expanduser().is_dir():
         return _source.locate(model, revision=revision, cache_dir=cache_dir)
-    return locate_repo(_source.repo_id_of(model), revision=revision, cache_dir=cache_dir,
-                       token=token, local_files_only=local_files_only, need=need)
-
-
-def locate_repo(
-    repo_id: str,
-    *,
-    revision: str | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    token: str | bool | None = None,
-    local_files_only: bool | None = None,
-    need: Need = "code",
-) -> ModelSource:
-    """The cached snapshot of ``repo_id`` at ``revision``, downloaded first if need be."""
+    repo_id = str(model) if is_repo_id else _source.repo_id_of(model)
     cache = Path(cache_dir) if cache_dir is not None else _source.hub_cache_dir()
     absent: ModelNotFoundError | None = None
     missing: tuple[str, ...] = ()
     try:
-        source = _source.locate_repo(repo_id, revision=revision, cache_dir=cache)
+        origin = _source.locate_repo(repo_id, revision=revision, cache_dir=cache)
     except ModelNotFoundError as exc:
         absent = exc
     else:
-        missing = _missing(source, cache, need)
+        missing = _missing(origin, cache, need)
         if not missing:
-            return source
+            return origin
     reason = offline_reason(local_files_only)
     if reason is not None:
         raise _not_cached(repo_id, revision, reason, absent, missing)
@@ -132,10 +124,10 @@ def _needed(path: str, size: int | None, need: Need) -> bool:
     return not path.endswith(WEIGHT_SUFFIXES) and (size or 0) <= MAX_ASSET_BYTES
 
 
-def _missing(source: ModelSource, cache: Path, need: Need) -> tuple[str, ...]:
+def _missing(origin: ModelOrigin, cache: Path, need: Need) -> tuple[str, ...]:
     """The needed files a cached snapshot lacks, by the file list huggingface_hub kept."""
-    assert source.repo_id is not None and source.commit is not None
-    if not (source.fence / "trees" / f"{source.commit}.json").is_file():
+    assert origin.repo_id is not None and origin.commit is not None
+    if not (origin.fence / "trees" / f"{origin.commit}.json").is_file():
         return ()  # no list to compare with (and no reason to import huggingface_hub)
     import huggingface_hub
     from huggingface_hub import errors as hub_errors
@@ -145,13 +137,13 @@ def _missing(source: ModelSource, cache: Path, need: Need) -> tuple[str, ...]:
     if cached_tree is None or unlisted is None:
         return ()
     try:
-        files = cached_tree(source.repo_id, revision=source.commit, cache_dir=str(cache))
+        files = cached_tree(origin.repo_id, revision=origin.commit, cache_dir=str(cache))
     except unlisted:
         return ()
     return tuple(sorted(
         f.path for f in files
         if _needed(f.path, f.size, need)
-        and not source.root.joinpath(*f.path.split("/")).is_file()  # a broken link is missing
+        and not origin.root.joinpath(*f.path.split("/")).is_file()  # a broken link is missing
     ))
 
 
@@ -234,56 +226,66 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+_TOKEN_FIX = "pass token=... (--token TOKEN), or set HF_TOKEN, to a token of an account"
+
+#: huggingface_hub's errors as codeferry's, tried in order (subclasses before their bases,
+#: as the ``except`` clauses they replace): the error's name in ``huggingface_hub.errors``
+#: (``None``: a connection error of the HTTP client, ``_transport_errors``), the HTTP
+#: statuses it applies to (``None``: any), then codeferry's error, its message and its fix,
+#: formatted with ``asked``, ``endpoint``, ``repo_id``, ``revision``, ``status``, ``kind``
+#: (the error's type), ``first`` (its first line) and ``token_fix``.
+_HUB_ERRORS: tuple[tuple[str | None, tuple[int, ...] | None, type[_HubError], str, str],
+                   ...] = (
+    ("GatedRepoError", None, GatedRepoError,
+     "{asked} is a gated repo on {endpoint}: its files need a token with access ({first}).",
+     "accept the repo's conditions on its Hub page, then {token_fix} that did."),
+    ("RepositoryNotFoundError", None, HubRepoNotFoundError,
+     "{endpoint} has no repo {repo_id!r}, or it is private and no token with access was sent.",
+     "check the repo id; for a private repo, {token_fix} with access."),
+    ("RevisionNotFoundError", None, HubRevisionNotFoundError,
+     "{repo_id} on {endpoint} has no branch, tag or commit {revision!r}.",
+     "pass a revision the repo has (default: main)."),
+    ("HFValidationError", None, HubRepoNotFoundError,
+     "{repo_id!r} is not a repo id of the Hub ({first})",
+     "pass a folder that holds config.json, or a repo id such as org/name."),
+    ("HfHubHTTPError", (401, 403), GatedRepoError,
+     "{endpoint} refused access to {asked} ({status}: {first}).", "{token_fix} with access."),
+    ("HfHubHTTPError", None, HubDownloadError,
+     "{endpoint} answered {status} while {asked} was downloaded: {first}",
+     "run the same command again later; what was downloaded whole is kept."),
+    (None, None, HubDownloadError,
+     "downloading {asked} from {endpoint} failed ({kind}: {first}); nothing half-written "
+     "is kept.",
+     "check the connection (and HF_ENDPOINT), then run the same command again: it "
+     "downloads only what is missing."),
+)
+
+
 @contextmanager
 def _typed_errors(repo_id: str, revision: str | None, endpoint: str) -> Iterator[None]:
-    """huggingface_hub's errors as codeferry's, the original as the cause."""
-    from huggingface_hub import errors as hub
-
-    asked = repo_id + (f"@{revision}" if revision else "")
-    token_fix = "pass token=... (--token TOKEN), or set HF_TOKEN, to a token of an account"
+    """huggingface_hub's errors as codeferry's (``_HUB_ERRORS``), the original as the cause."""
     try:
         yield
-    except hub.GatedRepoError as exc:
-        raise GatedRepoError(
-            f"{asked} is a gated repo on {endpoint}: its files need a token with access "
-            f"({_first_line(exc)}).", repo_id=repo_id, revision=revision,
-            fix=f"accept the repo's conditions on its Hub page, then {token_fix} that did.",
-        ) from exc
-    except hub.RepositoryNotFoundError as exc:
-        raise HubRepoNotFoundError(
-            f"{endpoint} has no repo {repo_id!r}, or it is private and no token with access "
-            "was sent.", repo_id=repo_id, revision=revision,
-            fix=f"check the repo id; for a private repo, {token_fix} with access.",
-        ) from exc
-    except hub.RevisionNotFoundError as exc:
-        raise HubRevisionNotFoundError(
-            f"{repo_id} on {endpoint} has no branch, tag or commit {revision!r}.",
-            repo_id=repo_id, revision=revision,
-            fix="pass a revision the repo has (default: main).",
-        ) from exc
-    except hub.HFValidationError as exc:
-        raise HubRepoNotFoundError(
-            f"{repo_id!r} is not a repo id of the Hub ({_first_line(exc)})",
-            repo_id=repo_id, revision=revision,
-            fix="pass a folder that holds config.json, or a repo id such as org/name.",
-        ) from exc
-    except hub.HfHubHTTPError as exc:
-        status = exc.response.status_code if exc.response is not None else None
-        if status in (401, 403):
-            raise GatedRepoError(
-                f"{endpoint} refused access to {asked} ({status}: {_first_line(exc)}).",
-                repo_id=repo_id, revision=revision, fix=f"{token_fix} with access.",
-            ) from exc
-        raise HubDownloadError(
-            f"{endpoint} answered {status} while {asked} was downloaded: {_first_line(exc)}",
-            repo_id=repo_id, revision=revision,
-            fix="run the same command again later; what was downloaded whole is kept.",
-        ) from exc
-    except _transport_errors() as exc:
-        raise HubDownloadError(
-            f"downloading {asked} from {endpoint} failed ({type(exc).__name__}: "
-            f"{_first_line(exc)}); nothing half-written is kept.",
-            repo_id=repo_id, revision=revision,
-            fix="check the connection (and HF_ENDPOINT), then run the same command again: "
-            "it downloads only what is missing.",
-        ) from exc
+    except Exception as exc:
+        typed = _typed(exc, repo_id, revision, endpoint)
+        if typed is None:
+            raise
+        raise typed from exc
+
+
+def _typed(exc: Exception, repo_id: str, revision: str | None,
+           endpoint: str) -> _HubError | None:
+    """The first row of ``_HUB_ERRORS`` that ``exc`` matches, as an error (``None``: none)."""
+    from huggingface_hub import errors as hub
+
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None) if response is not None else None
+    fields = {"asked": repo_id + (f"@{revision}" if revision else ""), "endpoint": endpoint,
+              "repo_id": repo_id, "revision": revision, "status": status,
+              "kind": type(exc).__name__, "first": _first_line(exc), "token_fix": _TOKEN_FIX}
+    for name, statuses, error, message, fix in _HUB_ERRORS:
+        kinds = _transport_errors() if name is None else getattr(hub, name)
+        if isinstance(exc, kinds) and (statuses is None or status in statuses):
+            return error(message.format(**fields), repo_id=repo_id, revision=revision,
+                         fix=fix.format(**fields))
+    return None

@@ -60,27 +60,31 @@ from pathlib import Path
 from ._digest import unit_digest
 from ._policy import check_allowed
 from ._resolve import Bundle
-from ._store import UnitData, read_unit, unit_path, write_unit
+from ._store import Unit, read_unit, unit_path, write_unit
 from .errors import CodeUnavailableError, StoreUnavailableError
 
 __all__ = [
-    "Runtime", "PREFIX", "units_of", "register", "runtime_for", "import_module",
+    "Registration", "PREFIX", "units_of", "register", "registration_for", "import_module",
     "on_module_executed", "verified_dir",
 ]
 
 PREFIX = "codeferry._dyn"
 
 _lock = threading.RLock()
-_runtimes: dict[str, Runtime] = {}  # package name -> runtime
+_registrations: dict[str, Registration] = {}  # package name -> its registration
 #: Called after each module executes (``_pickling`` marks its classes there).
-on_module_executed: list[Callable[[types.ModuleType, Runtime], None]] = []
+on_module_executed: list[Callable[[types.ModuleType, Registration], None]] = []
 
 
 @dataclass
-class Runtime:
-    """A unit registered in this process, under ``package``."""
+class Registration:
+    """A unit registered in this process, under ``package``.
 
-    unit: UnitData
+    The run-time layer of a unit: a ``_store.Unit`` given a package name (``register``),
+    whose modules this process imports from its verified bytes.
+    """
+
+    unit: Unit
     package: str
     files_dir: Path
     extras: dict[str, object] = field(default_factory=dict)  # per-unit caches of other layers
@@ -225,7 +229,7 @@ def _sweep_private() -> None:
         _remove_tree(Path(entry.path))
 
 
-def verified_dir(unit: UnitData) -> Path:
+def verified_dir(unit: Unit) -> Path:
     """The folder of this process's private, read-only copy of ``unit``'s verified bytes.
 
     Written from the bytes in memory (which ``register`` verified), read back and
@@ -272,30 +276,30 @@ def verified_dir(unit: UnitData) -> Path:
         return folder
 
 
-def units_of(bundle: Bundle) -> dict[str | None, UnitData]:
+def units_of(bundle: Bundle) -> dict[str | None, Unit]:
     """The bundle's code split by repo (``None``: the model's own), ready to register."""
-    units: dict[str | None, UnitData] = {}
+    units: dict[str | None, Unit] = {}
     # a cross-repo reference whose repo is not at hand has no unit (its class cannot load)
     repos = {f.repo for f in bundle.files} | {
         c.repo for c in bundle.classes if c.repo is None or c.repo in bundle.pins}
     for repo in sorted(repos, key=lambda r: r or ""):
-        files = {path: data for (r, path), data in bundle.sources.items() if r == repo}
+        files = {path: data for (r, path), data in bundle.contents.items() if r == repo}
         prefix = f"{repo}--" if repo else ""
         order = tuple(
             name[len(prefix):] for name in bundle.load_order
             if (name.startswith(prefix) if repo else "--" not in name)
         )
         packages = frozenset(m.name for m in bundle.modules if m.repo == repo and m.is_package)
-        label = f"{repo}@{bundle.pins[repo]}" if repo else bundle.source.name
-        units[repo] = UnitData(unit_digest(files), files, order, packages, label)
+        label = f"{repo}@{bundle.pins[repo]}" if repo else bundle.origin.name
+        units[repo] = Unit(unit_digest(files), files, order, packages, label)
     return units
 
 
-def default_package(unit: UnitData) -> str:
+def default_package(unit: Unit) -> str:
     return f"{PREFIX}.u{unit.token}"
 
 
-def register(unit: UnitData, package: str | None = None, *, stored: bool = False) -> Runtime:
+def register(unit: Unit, package: str | None = None, *, stored: bool = False) -> Registration:
     """Make ``unit`` importable under ``package`` (default: its content-named package).
 
     Verifies the bytes against the digest and writes them to the store (for processes
@@ -306,7 +310,7 @@ def register(unit: UnitData, package: str | None = None, *, stored: bool = False
     package = package or default_package(unit)
     install_finder()  # the first unit of the process: from now on its names must resolve
     with _lock:
-        existing = _runtimes.get(package)
+        existing = _registrations.get(package)
         if existing is not None and existing.unit.digest == unit.digest:
             return existing
         check_allowed(unit.digest, unit.label)
@@ -315,16 +319,16 @@ def register(unit: UnitData, package: str | None = None, *, stored: bool = False
         else:
             unit.verify()
             files_dir = write_unit(unit)
-        runtime = Runtime(unit, package, files_dir)
-        _runtimes[package] = runtime
+        registration = Registration(unit, package, files_dir)
+        _registrations[package] = registration
         _ensure_parents(package)
-        return runtime
+        return registration
 
 
-def registered(package: str) -> Runtime | None:
-    """The runtime registered under ``package`` in this process, if any."""
+def registered(package: str) -> Registration | None:
+    """The registration under ``package`` in this process, if any."""
     with _lock:
-        return _runtimes.get(package)
+        return _registrations.get(package)
 
 
 def _ensure_parents(package: str) -> None:
@@ -356,12 +360,12 @@ def _ensure_parents(package: str) -> None:
         sys.modules[name] = parent
 
 
-def runtime_for(fullname: str) -> tuple[Runtime, str] | None:
-    """The runtime serving module ``fullname``, and the module's name inside its unit."""
+def registration_for(fullname: str) -> tuple[Registration, str] | None:
+    """The registration serving module ``fullname``, and the module's name inside its unit."""
     with _lock:
-        for package, runtime in _runtimes.items():
+        for package, registration in _registrations.items():
             if fullname == package or fullname.startswith(package + "."):
-                return runtime, fullname[len(package) + 1:]
+                return registration, fullname[len(package) + 1:]
         if not fullname.startswith(PREFIX + ".u"):
             return None
         head = fullname.split(".")[2]
@@ -376,13 +380,13 @@ def runtime_for(fullname: str) -> tuple[Runtime, str] | None:
                 "instance of a codeferry class (it carries its code) before sending classes "
                 "by name; a store shared by all processes (CODEFERRY_HOME) also works.",
             )
-        runtime = register(unit, stored=True)
-        return runtime, fullname[len(runtime.package) + 1:]
+        registration = register(unit, stored=True)
+        return registration, fullname[len(registration.package) + 1:]
 
 
 class _Loader(importlib.abc.Loader):
-    def __init__(self, runtime: Runtime, name: str, rel: str | None) -> None:
-        self.runtime, self.name, self.rel = runtime, name, rel
+    def __init__(self, registration: Registration, name: str, rel: str | None) -> None:
+        self.registration, self.name, self.rel = registration, name, rel
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
         return None
@@ -390,30 +394,30 @@ class _Loader(importlib.abc.Loader):
     def exec_module(self, module: types.ModuleType) -> None:
         if self.rel is None:
             return  # a namespace folder
-        source = self.runtime.unit.files[self.rel]
-        filename = str(self.runtime.verified_dir() / self.rel)
-        _remember_source(filename, source)
-        code = compile(source, filename, "exec", dont_inherit=True)
+        data = self.registration.unit.files[self.rel]
+        filename = str(self.registration.verified_dir() / self.rel)
+        _remember_lines(filename, data)
+        code = compile(data, filename, "exec", dont_inherit=True)
         exec(code, module.__dict__)  # noqa: S102 - running the verified bytes is the point
         for hook in on_module_executed:
-            hook(module, self.runtime)
+            hook(module, self.registration)
 
     def get_source(self, fullname: str) -> str | None:
         """The verified source, for ``inspect`` and anyone who asks the loader."""
         if self.rel is None:
             return None
-        return _decode(self.runtime.unit.files[self.rel])
+        return _decode(self.registration.unit.files[self.rel])
 
 
-def _decode(source: bytes) -> str:
+def _decode(data: bytes) -> str:
     """Source text as Python reads it (its coding cookie, universal newlines)."""
     try:
-        return importlib.util.decode_source(source)
+        return importlib.util.decode_source(data)
     except (SyntaxError, UnicodeDecodeError, LookupError):
-        return source.decode("utf-8", "replace")
+        return data.decode("utf-8", "replace")
 
 
-def _remember_source(filename: str, source: bytes) -> None:
+def _remember_lines(filename: str, data: bytes) -> None:
     """Put the verified source in ``linecache`` under the module's file name.
 
     ``linecache`` reads a file that exists from disk, and asks the loader only for one
@@ -422,7 +426,7 @@ def _remember_source(filename: str, source: bytes) -> None:
     ``torch.jit`` get. After a ``linecache.clearcache()`` they read the private copy,
     which holds the same bytes.
     """
-    text = _decode(source)
+    text = _decode(data)
     lines = text.splitlines(keepends=True)
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
@@ -436,18 +440,18 @@ class _Finder(importlib.abc.MetaPathFinder):
         path: Sequence[str] | None = None,
         target: types.ModuleType | None = None,
     ) -> importlib.machinery.ModuleSpec | None:
-        found = runtime_for(fullname)
+        found = registration_for(fullname)
         if found is None:
             return None
-        runtime, name = found
-        where = runtime.locate(name)
+        registration, name = found
+        where = registration.locate(name)
         if where is None:
             return None  # ImportError "No module named ..." from importlib, as usual
         rel, is_package = where
         spec = importlib.machinery.ModuleSpec(
             fullname,
-            _Loader(runtime, name, rel),
-            origin=str(runtime.verified_dir() / rel) if rel else None,
+            _Loader(registration, name, rel),
+            origin=str(registration.verified_dir() / rel) if rel else None,
             is_package=is_package,
         )
         if rel:
@@ -473,6 +477,6 @@ def install_finder() -> None:
             sys.meta_path.insert(0, _FINDER)
 
 
-def import_module(runtime: Runtime, name: str) -> types.ModuleType:
+def import_module(registration: Registration, name: str) -> types.ModuleType:
     """Import module ``name`` of the unit (dotted, relative to the unit root)."""
-    return importlib.import_module(runtime.module_name(name))
+    return importlib.import_module(registration.module_name(name))

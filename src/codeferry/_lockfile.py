@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import _digest
+from ._automap import qualified
 from ._resolve import Bundle
 from .errors import LockFormatError, LockMismatchError
 
@@ -65,7 +66,7 @@ class LockDiff:
 
     def lines(self) -> list[str]:
         def name(f: LockedFile) -> str:
-            return f"{f.repo}--{f.path}" if f.repo else f.path
+            return qualified(f.repo, f.path)
 
         out = [f"added    {name(f)}  sha256:{f.sha256}" for f in self.added]
         out += [f"removed  {name(f)}  sha256:{f.sha256}" for f in self.removed]
@@ -92,11 +93,11 @@ class Lock:
     files: tuple[LockedFile, ...]
     pins: tuple[tuple[str, str], ...] = ()
     requirements: tuple[tuple[str, str], ...] = ()
-    source: str | None = None  # the file it was read from, for messages
+    read_from: str | None = None  # the file it was read from, for messages
 
     @classmethod
     def from_bundle(cls, bundle: Bundle) -> Lock:
-        src = bundle.source
+        src = bundle.origin
         model = src.repo_id or src.root.name
         files = tuple(sorted((LockedFile(f.repo, f.path, f.sha256, f.size) for f in bundle.files),
                             key=lambda f: f.key))
@@ -116,10 +117,10 @@ class Lock:
         return "\n".join(lines) + "\n"
 
     @classmethod
-    def loads(cls, text: str, *, source: str | None = None) -> Lock:
+    def loads(cls, text: str, *, read_from: str | None = None) -> Lock:
         def fail(line: int | None, what: str, fix: str | None = None) -> LockFormatError:
             return LockFormatError(
-                f"lock file {what}.", path=source, line=line,
+                f"lock file {what}.", path=read_from, line=line,
                 fix=fix or "regenerate it: `codeferry lock MODEL -o FILE`.",
             )
 
@@ -165,7 +166,7 @@ class Lock:
         if missing:
             raise fail(None, f"lacks {', '.join(sorted(missing))}")
         lock = cls(fields["model"], None if fields["revision"] == "-" else fields["revision"],
-                   fields["digest"], tuple(sorted(files, key=lambda f: f.key)), tuple(pins), tuple(reqs), source)
+                   fields["digest"], tuple(sorted(files, key=lambda f: f.key)), tuple(pins), tuple(reqs), read_from)
         actual = _digest.bundle_digest(files)
         if actual != lock.digest:
             at = next(n for n, ln in rows if ln.startswith("digest "))
@@ -194,22 +195,22 @@ class Lock:
         """Where a lock of ``bundle``'s model can go without overwriting this one: next to
         it, named after the model."""
         stem = re.sub(r"[^A-Za-z0-9._-]+", "-", _model_name(bundle).rsplit("/", 1)[-1]).strip("-.")
-        folder = Path(self.source).parent if self.source else Path()
+        folder = Path(self.read_from).parent if self.read_from else Path()
         candidate = folder / f"{stem or 'model'}.lock"
         number = 2
-        while candidate.exists() or (self.source and str(candidate) == self.source):
+        while candidate.exists() or (self.read_from and str(candidate) == self.read_from):
             candidate = folder / f"{stem or 'model'}-{number}.lock"
             number += 1
         return str(candidate)
 
     def check(self, bundle: Bundle) -> None:
         """Raise ``LockMismatchError`` unless ``bundle`` is exactly the locked code."""
-        src = bundle.source
-        where = self.source or "the lock"
+        src = bundle.origin
+        where = self.read_from or "the lock"
         if src.repo_id and "/" in self.model and src.repo_id != self.model:
             raise LockMismatchError(
                 f"{where} is the lock of another model: {self.model}, not {src.repo_id}.",
-                path=self.source,
+                path=self.read_from,
                 fix=f"use the lock of {src.repo_id}, or create one in a new file: "
                 f"`codeferry lock {src.repo_id} -o {self.new_path(bundle)}`.",
             )
@@ -221,7 +222,7 @@ class Lock:
                 f"{where} is the lock of another model: {self.model}, not {src.name} "
                 f"(lock digest {self.digest}, code digest {bundle.digest}): "
                 + "; ".join(diff.lines()),
-                path=self.source, diff=diff,
+                path=self.read_from, diff=diff,
                 fix=f"use the lock of {src.name}, or create one in a new file: `codeferry lock "
                 f"{src.repo_id or src.root} -o {self.new_path(bundle)}` (locking into "
                 f"{where} would overwrite the lock of {self.model}).",
@@ -229,15 +230,15 @@ class Lock:
         raise LockMismatchError(
             f"the code of {src.name} is not the locked code (lock digest {self.digest}, "
             f"code digest {bundle.digest}): " + "; ".join(diff.lines()),
-            path=self.source, diff=diff,
+            path=self.read_from, diff=diff,
             fix=f"review the changes, then re-lock: `codeferry lock {src.root} -o "
-            f"{self.source or 'FILE'}`.",
+            f"{self.read_from or 'FILE'}`.",
         )
 
 
 def _model_name(bundle: Bundle) -> str:
     """The name ``Lock.from_bundle`` records for ``bundle``'s model."""
-    return bundle.source.repo_id or bundle.source.root.name
+    return bundle.origin.repo_id or bundle.origin.root.name
 
 
 def _names(model: str) -> set[str]:
@@ -248,7 +249,7 @@ def _model_names(bundle: Bundle) -> set[str]:
     """Every name a lock of ``bundle``'s model may carry: a folder inside a hub cache
     (``models--org--name/snapshots/<commit>``) also answers to its repo id."""
     names = _names(_model_name(bundle))
-    root = bundle.source.root
+    root = bundle.origin.root
     if root.parent.name == "snapshots" and root.parent.parent.name.startswith("models--"):
         names |= _names(root.parent.parent.name[len("models--"):].replace("--", "/"))
     return names
@@ -265,4 +266,4 @@ def read_lock(path: str | os.PathLike[str]) -> Lock:
     except UnicodeDecodeError:
         raise LockFormatError(f"lock file {file} is not UTF-8 text.", path=str(file),
                               fix="regenerate it: `codeferry lock MODEL -o FILE`.") from None
-    return Lock.loads(text, source=str(file))
+    return Lock.loads(text, read_from=str(file))

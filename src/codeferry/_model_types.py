@@ -66,15 +66,15 @@ def _conflict(model: Any, kwargs: dict[str, Any]) -> Any:
 
     revision = kwargs.get("revision")
     try:
-        source = locate(model, revision=revision, cache_dir=kwargs.get("cache_dir"))
+        origin = locate(model, revision=revision, cache_dir=kwargs.get("cache_dir"))
     except (ModelNotFoundError, OSError, ValueError):
         return None  # not on this machine: nothing of ours can be registered for it
-    model_type = _model_type_at(str(source.root))
+    model_type = _model_type_at(str(origin.root))
     owner = owner_of(model_type) if model_type else None
-    if owner is None or owner[0] == str(source.root):
+    if owner is None or owner[0] == str(origin.root):
         return None
     with _lock:
-        known = _by_root.get(str(source.root))
+        known = _by_root.get(str(origin.root))
     if known is not None:
         return known  # loaded by codeferry before another model took the model_type
     bundle = resolve(model, revision=revision, cache_dir=kwargs.get("cache_dir"),
@@ -83,10 +83,10 @@ def _conflict(model: Any, kwargs: dict[str, Any]) -> Any:
         return None  # the same code: the registered class is this model's class
     if not kwargs.get("trust_remote_code"):
         raise ModelTypeConflictError(
-            f"{source.name} has model_type {model_type!r}, which this process has registered to "
-            f"the code of {owner[0]} (digest {owner[1]}); {source.name}'s code differs "
+            f"{origin.name} has model_type {model_type!r}, which this process has registered to "
+            f"the code of {owner[0]} (digest {owner[1]}); {origin.name}'s code differs "
             f"(digest {bundle.digest}), so transformers would build the other model's class.",
-            model_type=model_type or "", path=str(source.root / "config.json"),
+            model_type=model_type or "", path=str(origin.root / "config.json"),
             fix=f"load it with its own code: codeferry.load({str(model)!r}, "
             "trust_remote_code=True) (or pass trust_remote_code=True to from_pretrained).",
         )

@@ -52,10 +52,10 @@ from typing import Any
 
 from . import _loader
 from ._digest import is_digest, is_token, token_of
-from ._store import UnitData, read_unit
+from ._store import Unit, read_unit
 from .errors import CodeUnavailableError, TicketPackageError
 
-__all__ = ["Ticket", "mark_module", "mark_class", "ticket_for", "is_ferried", "runtime_of"]
+__all__ = ["Ticket", "mark_module", "mark_class", "ticket_for", "is_ferried", "registration_of"]
 
 _MARK = "__codeferry_package__"
 _lock = threading.Lock()
@@ -64,23 +64,23 @@ _lock = threading.Lock()
 class Ticket:
     """The passport of a unit: what a receiver needs before it looks up any class."""
 
-    __slots__ = ("embedded", "runtime")
+    __slots__ = ("embedded", "registration")
 
-    def __init__(self, runtime: _loader.Runtime, embedded: bool) -> None:
-        self.runtime = runtime
+    def __init__(self, registration: _loader.Registration, embedded: bool) -> None:
+        self.registration = registration
         self.embedded = embedded
 
     def __reduce__(self) -> tuple[Any, ...]:
-        runtime = self.runtime
-        unit = runtime.unit
+        registration = self.registration
+        unit = registration.unit
         if not self.embedded:
             # Same machine: the receiver reads the store, so the package name (which
             # holds the digest's token) is all it takes.
-            if runtime.package == _loader.default_package(unit):
-                return (_arrive_ref, (runtime.package,))
-            return (_arrive_ref, (runtime.package, unit.token))
-        return (_arrive, (unit.digest, runtime.package, unit.label, unit.order,
-                          tuple(sorted(unit.packages)), _payload(runtime)))
+            if registration.package == _loader.default_package(unit):
+                return (_arrive_ref, (registration.package,))
+            return (_arrive_ref, (registration.package, unit.token))
+        return (_arrive, (unit.digest, registration.package, unit.label, unit.order,
+                          tuple(sorted(unit.packages)), _payload(registration)))
 
     # copy/deepcopy go through __reduce_ex__ too: a ticket is immutable, keep it as is.
     def __copy__(self) -> Ticket:
@@ -90,20 +90,20 @@ class Ticket:
         return self
 
 
-def _payload(runtime: _loader.Runtime) -> bytes:
-    cached = runtime.extras.get("payload")
+def _payload(registration: _loader.Registration) -> bytes:
+    cached = registration.extras.get("payload")
     if not isinstance(cached, bytes):
-        cached = zlib.compress(pickle.dumps(dict(runtime.unit.files), protocol=4), 6)
-        runtime.extras["payload"] = cached
+        cached = zlib.compress(pickle.dumps(dict(registration.unit.files), protocol=4), 6)
+        registration.extras["payload"] = cached
     return cached
 
 
-def ticket_for(runtime: _loader.Runtime, *, embedded: bool) -> Ticket:
+def ticket_for(registration: _loader.Registration, *, embedded: bool) -> Ticket:
     key = "ticket.embedded" if embedded else "ticket.ref"
-    ticket = runtime.extras.get(key)
+    ticket = registration.extras.get(key)
     if not isinstance(ticket, Ticket):
-        ticket = Ticket(runtime, embedded)
-        runtime.extras[key] = ticket
+        ticket = Ticket(registration, embedded)
+        registration.extras[key] = ticket
     return ticket
 
 
@@ -157,7 +157,7 @@ def _arrive(
     if existing is not None and existing.unit.digest == digest:
         return ticket_for(existing, embedded=True)
     files = pickle.loads(zlib.decompress(payload))
-    unit = UnitData(digest, files, tuple(order), frozenset(packages), label)
+    unit = Unit(digest, files, tuple(order), frozenset(packages), label)
     return ticket_for(_loader.register(unit, package), embedded=True)
 
 
@@ -201,7 +201,7 @@ def _rebuild_packed(
 
 
 def _load_class(ticket: Ticket, name: str, qualname: str) -> Any:
-    obj: Any = _loader.import_module(ticket.runtime, name)
+    obj: Any = _loader.import_module(ticket.registration, name)
     for part in qualname.split("."):
         obj = getattr(obj, part)
     return obj
@@ -214,10 +214,10 @@ def is_ferried(cls: type) -> bool:
     return isinstance(getattr(cls, _MARK, None), str)
 
 
-def runtime_of(cls: type) -> _loader.Runtime:
-    runtime = _loader.registered(getattr(cls, _MARK))
-    assert runtime is not None, "a marked class always has a registered unit"
-    return runtime
+def registration_of(cls: type) -> _loader.Registration:
+    registration = _loader.registered(getattr(cls, _MARK))
+    assert registration is not None, "a marked class always has a registered unit"
+    return registration
 
 
 def _inner_reduce(obj: Any, protocol: int) -> Any:
@@ -233,7 +233,7 @@ def _wrap(obj: Any, protocol: int, *, embedded: bool) -> Any:
     rv = _inner_reduce(obj, protocol)
     if not isinstance(rv, tuple):
         return rv
-    ticket = ticket_for(runtime_of(type(obj)), embedded=embedded)
+    ticket = ticket_for(registration_of(type(obj)), embedded=embedded)
     return (_rebuild, (ticket, rv[0], rv[1]), *rv[2:])
 
 
@@ -263,26 +263,26 @@ def _reduce_by_ref(obj: Any) -> Any:
 
 
 def _class_reduce(cls: type, *, embedded: bool) -> Any:
-    runtime = runtime_of(cls)
-    name = cls.__module__[len(runtime.package) + 1:] if cls.__module__ != runtime.package else ""
-    return (_load_class, (ticket_for(runtime, embedded=embedded), name, cls.__qualname__))
+    registration = registration_of(cls)
+    name = cls.__module__[len(registration.package) + 1:] if cls.__module__ != registration.package else ""
+    return (_load_class, (ticket_for(registration, embedded=embedded), name, cls.__qualname__))
 
 
-def mark_class(cls: type, runtime: _loader.Runtime) -> None:
+def mark_class(cls: type, registration: _loader.Registration) -> None:
     """Make instances of ``cls`` (and ``cls`` itself, under cloudpickle) carry their code."""
     install_cloudpickle_support()
-    type.__setattr__(cls, _MARK, runtime.package)
+    type.__setattr__(cls, _MARK, registration.package)
     type.__setattr__(cls, "__reduce_ex__", _reduce_ex)
     from multiprocessing.reduction import ForkingPickler
 
     ForkingPickler.register(cls, _reduce_by_ref)
 
 
-def mark_module(module: types.ModuleType, runtime: _loader.Runtime) -> None:
+def mark_module(module: types.ModuleType, registration: _loader.Registration) -> None:
     """Mark every class the module defines (its own, not the ones it imports)."""
     for value in list(vars(module).values()):
         if isinstance(value, type) and value.__module__ == module.__name__:
-            mark_class(value, runtime)
+            mark_class(value, registration)
 
 
 _loader.on_module_executed.append(mark_module)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ._source import WEIGHT_SUFFIXES, hub_cache_dir, list_files
+from ._source import WEIGHT_SUFFIXES, ModelOrigin, hub_cache_dir, list_files
 from ._store import store_root
 from ._transport import Event, Post
 from ._worker import WorkerSpec, error_payload, remote_error, unpack_reply
@@ -96,11 +96,19 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def build_ferry(bundle: Any) -> Ferry:
-    """Put the model folder of ``bundle`` into the object store (the driver's side)."""
+def build_ferry(bundle: Any, model: ModelOrigin | None = None) -> Ferry:
+    """Put the model folder of ``bundle`` into the object store (the driver's side).
+
+    ``model``: the folder of another revision than the code's (``code_revision``), whose
+    config and weights the actors build the model from; the code's folder (all but its
+    weights) then travels inside it, under ``CODE_FOLDER``.
+    """
     ray = ray_module()
-    source = bundle.source
-    files = list_files(source)
+    origin = model or bundle.origin
+    files = list_files(origin)
+    if model is not None:
+        files |= {f"{CODE_FOLDER}/{rel}": path for rel, path in list_files(bundle.origin).items()
+                  if not is_weight(rel)}
     manifest = {rel: (_sha256(path), path.stat().st_size) for rel, path in files.items()}
     small = {rel: files[rel].read_bytes() for rel in manifest if not is_weight(rel)}
     for rel, data in cross_repo_files(bundle).items():
@@ -110,19 +118,21 @@ def build_ferry(bundle: Any) -> Ferry:
     big = {rel: size for rel, (_, size) in manifest.items() if is_weight(rel)}
     shipped = sum(big.values()) <= ship_limit()
     large = {rel: ray.put(files[rel].read_bytes()) for rel in big} if shipped else {}
-    return Ferry(token, manifest, ray.put(small), large, source.repo_id, source.commit)
+    return Ferry(token, manifest, ray.put(small), large, origin.repo_id, origin.commit)
 
 
 #: Inside a node's copy of the folder: a hub cache of the cross-repo code the model names
 #: (hidden, so that it is no file of the model's own).
 CROSS_REPO_CACHE = ".codeferry-hub"
+#: Inside a node's copy of the folder: the code's own folder, when it is another revision's.
+CODE_FOLDER = ".codeferry-code"
 
 
 def cross_repo_files(bundle: Any) -> dict[str, bytes]:
     """The code of every other repo the model's ``auto_map`` names, laid out as a hub cache
     (``refs/main`` at the commit the driver pinned), under ``CROSS_REPO_CACHE``."""
     out: dict[str, bytes] = {}
-    for (repo, path), data in bundle.sources.items():
+    for (repo, path), data in bundle.contents.items():
         if repo is None:
             continue
         base = f"{CROSS_REPO_CACHE}/models--{repo.replace('/', '--')}"
@@ -214,8 +224,10 @@ class RayWorker:
             check_device(spec.device)
             folder, stats = materialize(ferry)
             cross = folder / CROSS_REPO_CACHE
-            self.engine = _Engine(replace(spec, model=str(folder),
-                                          cache_dir=str(cross) if cross.is_dir() else None))
+            code = folder / CODE_FOLDER
+            options = replace(spec.options, cache_dir=str(cross) if cross.is_dir() else None)
+            self.engine = _Engine(replace(spec, model=str(folder), options=options,
+                                          code=str(code) if code.is_dir() else None))
         except BaseException as exc:  # noqa: BLE001 - the handshake carries it to the driver
             return ("failed", os.getpid(), error_payload(exc), node)
         info = {**self.engine.info(), **node, "ferry": stats, "folder": str(folder)}
@@ -320,7 +332,8 @@ class RayTransport:
         return bytes(cloudpickle.dumps(payload))
 
     def __init__(self, bundle: Any, *, address: str | None = None,
-                 resources: dict[str, Any] | None = None) -> None:
+                 resources: dict[str, Any] | None = None,
+                 model: ModelOrigin | None = None) -> None:
         ray = ray_module()
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
@@ -330,7 +343,7 @@ class RayTransport:
         self._actor = ray.remote(RayWorker).options(
             max_restarts=0, max_task_retries=0, max_concurrency=1,
             scheduling_strategy="SPREAD", **options)
-        self.ferry = build_ferry(bundle)
+        self.ferry = build_ferry(bundle, model)
 
     def start(self, slot: int, spec: WorkerSpec, post: Post) -> _RayChannel:
         actor = self._actor.remote()

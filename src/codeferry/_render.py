@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from ._automap import qualified
 from ._resolve import Bundle
 
 __all__ = ["render_report", "render_dot"]
@@ -16,7 +17,7 @@ def _size(n: int) -> str:
 def render_report(bundle: Bundle) -> str:
     """The human form of ``codeferry inspect``."""
     out: list[str] = []
-    src = bundle.source
+    src = bundle.origin
     out.append(f"model    {src.name}")
     if src.repo_id:
         out.append(f"folder   {src.root}")
@@ -25,32 +26,32 @@ def render_report(bundle: Bundle) -> str:
         out.append(f"pinned   {repo}@{commit}")
 
     out.append("classes")
-    by_source: dict[str, dict[str, list[str | None]]] = defaultdict(dict)
+    by_file: dict[str, dict[str, list[str | None]]] = defaultdict(dict)
     pairs: set[tuple[str, str]] = set()
     blocked: dict[tuple[str, str], list[str]] = defaultdict(list)
     for ref in bundle.classes:
         for problem in bundle.problems_for(ref):
             why = f"{type(problem).__name__} at {problem.location or ref.reference}"
-            if why not in blocked[(ref.source, ref.key)]:
-                blocked[(ref.source, ref.key)].append(why)
-        slots = by_source[ref.source].setdefault(ref.key, [])
+            if why not in blocked[(ref.declared_in, ref.key)]:
+                blocked[(ref.declared_in, ref.key)].append(why)
+        slots = by_file[ref.declared_in].setdefault(ref.key, [])
         if ref.slot is None:
             slots.append(ref.reference)
         else:
-            pairs.add((ref.source, ref.key))
+            pairs.add((ref.declared_in, ref.key))
             slots.extend([None] * (ref.slot + 1 - len(slots)))
             slots[ref.slot] = ref.reference
-    for source, keys in by_source.items():
-        out.append(f"  {source}")
+    for declared_in, keys in by_file.items():
+        out.append(f"  {declared_in}")
         width = max(len(k) for k in keys)
         rows = []
         for key, refs in keys.items():
-            if (source, key) in pairs:
+            if (declared_in, key) in pairs:
                 refs = refs + [None] * (2 - len(refs))
                 shown = "[" + ", ".join("null" if r is None else r for r in refs) + "]"
             else:
                 shown = str(refs[0])
-            reasons = blocked.get((source, key))
+            reasons = blocked.get((declared_in, key))
             rows.append((key, shown, "blocked: " + "; ".join(reasons) if reasons else "ok"))
         shown_width = max(len(shown) for _, shown, _ in rows)
         for key, shown, state in rows:
@@ -60,7 +61,7 @@ def render_report(bundle: Bundle) -> str:
     out.append(f"files ({len(bundle.files)}, {_size(total)})")
     width = max((len(f.path) + (len(f.repo) + 2 if f.repo else 0) for f in bundle.files), default=0)
     for f in bundle.files:
-        name = f"{f.repo}--{f.path}" if f.repo else f.path
+        name = qualified(f.repo, f.path)
         tag = "" if f.kind == "module" else f"  ({f.kind})"
         out.append(f"  {name:<{width}}  {_size(f.size):>9}  sha256:{f.sha256[:12]}{tag}")
 
@@ -100,7 +101,7 @@ def _quote(text: str) -> str:
 
 def render_dot(bundle: Bundle) -> str:
     """The import graph: modules as boxes, ``auto_map`` modules bold, deferred edges dashed."""
-    named = {(c.repo + "--" if c.repo else "") + c.module for c in bundle.classes}
+    named = {qualified(c.repo, c.module) for c in bundle.classes}
     lines = ["digraph codeferry {", "  rankdir=LR;", "  node [shape=box, fontname=Helvetica];"]
     for module in bundle.modules:
         style = ', style=bold' if module.qualified in named else ""

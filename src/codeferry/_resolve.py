@@ -2,7 +2,7 @@
 
 This is what ``codeferry inspect`` prints and what every loader starts from. It reads
 bytes and parses them; it never imports or executes model code. The bytes it hashed
-are kept in the result (``Bundle.sources``), so whoever executes the code later runs
+are kept in the result (``Bundle.contents``), so whoever executes the code later runs
 exactly the bytes that were checked, not a file read again after the check.
 
 Phases, in order:
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _graph, _hub
-from ._automap import AUTO_MAP_FILES, ClassRef, parse_auto_maps
+from ._automap import AUTO_MAP_FILES, ClassRef, parse_auto_maps, qualified
 from ._digest import bundle_digest, file_sha256
 from ._requirements import (
     Requirement,
@@ -40,7 +40,7 @@ from ._requirements import (
     collect_requirements,
     missing_packages,
 )
-from ._source import WEIGHT_SUFFIXES, ModelSource, list_files, read_bytes
+from ._source import WEIGHT_SUFFIXES, ModelOrigin, list_files, read_bytes
 from .errors import (
     AbsoluteSiblingImportError,
     CodeferryError,
@@ -61,7 +61,7 @@ from .errors import (
     UnsafePathError,
 )
 
-__all__ = ["FileEntry", "Module", "Unit", "Bundle", "resolve"]
+__all__ = ["FileEntry", "Module", "RepoScan", "Bundle", "resolve"]
 
 _LFS_HEADER = b"version https://git-lfs.github.com/spec/v1"
 
@@ -89,18 +89,20 @@ class Module:
     @property
     def qualified(self) -> str:
         """Unique across units: cross-repo modules read ``org/repo--module``."""
-        return f"{self.repo}--{self.name}" if self.repo else self.name
+        return qualified(self.repo, self.name)
 
 
 @dataclass
-class Unit:
-    """One repo's worth of code: the model's own (``repo=None``) or a cross-repo one."""
+class RepoScan:
+    """One repo's worth of code as the resolver scans it from disk: the model's own
+    (``repo=None``) or a cross-repo one. The first layer of a unit: ``Bundle`` gathers the
+    scans, and ``_loader.units_of`` turns each into a ``_store.Unit``."""
 
-    source: ModelSource
+    origin: ModelOrigin
     repo: str | None
     files: dict[str, Path]
     modules: dict[str, Module] = field(default_factory=dict)
-    sources: dict[str, bytes] = field(default_factory=dict)
+    contents: dict[str, bytes] = field(default_factory=dict)
     scans: dict[str, _graph.ModuleScan] = field(default_factory=dict)
     assets: set[str] = field(default_factory=set)
     asset_data: dict[str, bytes] = field(default_factory=dict)  # read once (up to 1 GiB each)
@@ -108,9 +110,9 @@ class Unit:
 
 @dataclass(frozen=True)
 class Bundle:
-    """The resolved remote code of one model. ``sources`` holds the exact hashed bytes."""
+    """The resolved remote code of one model. ``contents`` holds the exact hashed bytes."""
 
-    source: ModelSource
+    origin: ModelOrigin
     classes: tuple[ClassRef, ...]
     files: tuple[FileEntry, ...]
     modules: tuple[Module, ...]
@@ -120,7 +122,7 @@ class Bundle:
     problems: tuple[CodeferryError, ...]
     digest: str
     pins: Mapping[str, str]
-    sources: Mapping[tuple[str | None, str], bytes]
+    contents: Mapping[tuple[str | None, str], bytes]
     #: Per class: the modules its module-level imports reach (parent packages included),
     #: in load order. Only these execute when the class loads; the rest wait for an import.
     closures: Mapping[ClassRef, tuple[str, ...]] = field(default_factory=dict)
@@ -159,27 +161,27 @@ class Bundle:
         problems: dict[int, CodeferryError] = {}
         for ref in blocked:
             problems.update((id(p), p) for p in self.problems_for(ref))
-        _raise(tuple(problems.values()), self.source.name, self.source.root)
+        _raise(tuple(problems.values()), self.origin.name, self.origin.root)
 
     def check_class(self, ref: ClassRef) -> None:
         """Raise what keeps ``ref`` from loading: the problem alone, or ``ProblemsFound``."""
-        _raise(self.problems_for(ref), f"{ref.key} ({ref.reference}) of {self.source.name}",
-               self.source.root)
+        _raise(self.problems_for(ref), f"{ref.key} ({ref.reference}) of {self.origin.name}",
+               self.origin.root)
 
     def check(self) -> None:
         """Raise the blocking problems: alone when there is one, as ``ProblemsFound`` else."""
-        _raise(self.blocking, self.source.name, self.source.root)
+        _raise(self.blocking, self.origin.name, self.origin.root)
 
     def to_json(self) -> dict[str, Any]:
         """The ``codeferry inspect --json`` object."""
         return {
-            "model": self.source.name,
-            "root": str(self.source.root),
-            "repo_id": self.source.repo_id,
-            "commit": self.source.commit,
+            "model": self.origin.name,
+            "root": str(self.origin.root),
+            "repo_id": self.origin.repo_id,
+            "commit": self.origin.commit,
             "digest": self.digest,
             "classes": [
-                {"source": c.source, "key": c.key, "slot": c.slot, "repo": c.repo,
+                {"source": c.declared_in, "key": c.key, "slot": c.slot, "repo": c.repo,
                  "module": c.module, "class": c.name, "reference": c.reference,
                  "closure": list(self.closures.get(c, ())),
                  "loadable": not self.problems_for(c),
@@ -200,12 +202,12 @@ class Bundle:
 
 def _key(ref: ClassRef) -> str:
     """``load``'s key of ``ref``: the ``auto_map`` key, prefixed for nested sub-configs."""
-    return f"{ref.source.split(':', 1)[1]}:{ref.key}" if ":" in ref.source else ref.key
+    return f"{ref.declared_in.split(':', 1)[1]}:{ref.key}" if ":" in ref.declared_in else ref.key
 
 
 def ref_scope(ref: ClassRef) -> str:
     """The scope token of problems about one ``auto_map`` entry itself."""
-    return f"ref:{ref.source}:{ref.key}:{ref.slot}"
+    return f"ref:{ref.declared_in}:{ref.key}:{ref.slot}"
 
 
 def _raise(blocking: tuple[CodeferryError, ...], what: str, root: Path) -> None:
@@ -220,8 +222,8 @@ def _raise(blocking: tuple[CodeferryError, ...], what: str, root: Path) -> None:
         )
 
 
-def _display(unit: Unit, rel: str) -> str:
-    return str(unit.source.root / rel)
+def _display(unit: RepoScan, rel: str) -> str:
+    return str(unit.origin.root / rel)
 
 
 def _busiest_line(text: str) -> int:
@@ -238,7 +240,7 @@ def _busiest_line(text: str) -> int:
     return max(counts, key=lambda line: counts[line])
 
 
-def _too_deep(unit: Unit, rel: str, line: int, consequence: str) -> SourceTooDeepError:
+def _too_deep(unit: RepoScan, rel: str, line: int, consequence: str) -> SourceTooDeepError:
     return SourceTooDeepError(
         f"{rel} nests code too deeply: {consequence}.", path=_display(unit, rel), line=line,
         fix="split that expression into smaller ones (intermediate variables, or a loop).",
@@ -279,18 +281,18 @@ def _load_json(path: Path) -> tuple[Any, str]:
         ) from None
 
 
-def read_class_refs(source: ModelSource) -> list[ClassRef]:
+def read_class_refs(origin: ModelOrigin) -> list[ClassRef]:
     """Every ``auto_map`` entry of the model, file by file."""
-    config = source.root / "config.json"
+    config = origin.root / "config.json"
     if not config.is_file():
         raise ConfigNotFoundError(
-            f"{source.root} has no config.json, so it is not a model folder.",
+            f"{origin.root} has no config.json, so it is not a model folder.",
             path=str(config),
             fix="pass the folder that holds config.json (for a hub snapshot, the snapshot folder).",
         )
     refs: list[ClassRef] = []
     for name in AUTO_MAP_FILES:
-        path = source.root / name
+        path = origin.root / name
         if path.is_file():
             data, text = _load_json(path)
             refs += parse_auto_maps(data, filename=name, path=str(path), text=text)
@@ -299,14 +301,14 @@ def read_class_refs(source: ModelSource) -> list[ClassRef]:
 
 class _Resolver:
     def __init__(
-        self, source: ModelSource, cache_dir: str | os.PathLike[str] | None = None,
+        self, origin: ModelOrigin, cache_dir: str | os.PathLike[str] | None = None,
         token: str | bool | None = None, local_files_only: bool | None = None,
     ) -> None:
-        self.main = Unit(source, None, list_files(source))
+        self.main = RepoScan(origin, None, list_files(origin))
         self.cache_dir = cache_dir  # where cross-repo code is looked up, like the model
         self.token = token  # and how it is downloaded when it is not there
         self.local_files_only = local_files_only
-        self.units: dict[str | None, Unit] = {None: self.main}
+        self.units: dict[str | None, RepoScan] = {None: self.main}
         self.problems: list[CodeferryError] = []
         self.scopes: list[frozenset[str]] = []  # per problem: the modules/refs it blocks
         self.edges: set[tuple[str, str, bool]] = set()
@@ -315,7 +317,7 @@ class _Resolver:
         self.parent_edges: set[tuple[str, str]] = set()
         self.pins: dict[str, str] = {}
         self.siblings: set[str] = set()  # absolute imports that are really model files
-        self.pending: deque[tuple[Unit, Module]] = deque()  # registered, not read yet
+        self.pending: deque[tuple[RepoScan, Module]] = deque()  # registered, not read yet
 
     def report(self, problem: CodeferryError, *scope: str) -> None:
         """Record ``problem``; it blocks the classes whose closure meets ``scope``."""
@@ -324,7 +326,7 @@ class _Resolver:
 
     # -- units ------------------------------------------------------------------------
 
-    def unit_for(self, repo: str | None) -> Unit | None:
+    def unit_for(self, repo: str | None) -> RepoScan | None:
         if repo in self.units:
             return self.units[repo]
         assert repo is not None
@@ -332,17 +334,17 @@ class _Resolver:
         # ``code_revision``, which defaults to the other repo's main branch whatever
         # revision the model was asked at. We resolve ``main`` once, to a commit, and
         # record it.
-        source = _hub.locate_repo(repo, cache_dir=self.cache_dir, token=self.token,
-                                  local_files_only=self.local_files_only)
-        assert source.commit is not None
-        self.pins[repo] = source.commit
-        unit = Unit(source, repo, list_files(source))
+        origin = _hub.locate(repo, is_repo_id=True, cache_dir=self.cache_dir, token=self.token,
+                             local_files_only=self.local_files_only)
+        assert origin.commit is not None
+        self.pins[repo] = origin.commit
+        unit = RepoScan(origin, repo, list_files(origin))
         self.units[repo] = unit
         return unit
 
     # -- modules ----------------------------------------------------------------------
 
-    def add_module(self, unit: Unit, name: str, *, where: str, line: int | None) -> Module | None:
+    def add_module(self, unit: RepoScan, name: str, *, where: str, line: int | None) -> Module | None:
         """Register module ``name`` of ``unit`` and its parent packages (once each).
 
         Reading, parsing and walking their imports happens in ``drain``, from a work
@@ -364,15 +366,15 @@ class _Resolver:
             child = None if known else parent
         return module
 
-    def _register(self, unit: Unit, name: str, *, where: str, line: int | None) -> Module | None:
+    def _register(self, unit: RepoScan, name: str, *, where: str, line: int | None) -> Module | None:
         found = _graph.module_path(name, unit.files)
-        qualified = f"{unit.repo}--{name}" if unit.repo else name
+        full_name = qualified(unit.repo, name)
         if found is None or (found[0] == "" and not found[1]):
             self.report(MissingModuleError(
-                f"module {name!r} is not in {unit.source.name} (no {name.replace('.', '/')}.py).",
+                f"module {name!r} is not in {unit.origin.name} (no {name.replace('.', '/')}.py).",
                 path=where, line=line,
                 fix=f"add {name.replace('.', '/')}.py to the model folder, or correct the name.",
-            ), qualified)
+            ), full_name)
             return None
         rel, is_package = found
         module = Module(unit.repo, name, rel, is_package)
@@ -387,11 +389,11 @@ class _Resolver:
             unit, module = self.pending.popleft()
             self.read_module(unit, module)
 
-    def read_module(self, unit: Unit, module: Module) -> None:
+    def read_module(self, unit: RepoScan, module: Module) -> None:
         """Read, parse and scan one module, and register what it imports."""
         name, rel = module.name, module.path
-        data = read_bytes(unit.source, rel)
-        unit.sources[rel] = data
+        data = read_bytes(unit.origin, rel)
+        unit.contents[rel] = data
         if data.startswith(_LFS_HEADER):
             self.report(LFSPointerError(
                 f"{rel} is a Git LFS pointer, not Python code.", path=_display(unit, rel), line=1,
@@ -429,7 +431,7 @@ class _Resolver:
         self.walk_imports(unit, module, scan)
         self.find_assets(unit, module, scan)
 
-    def walk_imports(self, unit: Unit, module: Module, scan: _graph.ModuleScan) -> None:
+    def walk_imports(self, unit: RepoScan, module: Module, scan: _graph.ModuleScan) -> None:
         where = _display(unit, module.path)
         for imp in scan.relative:
             try:
@@ -478,7 +480,7 @@ class _Resolver:
                 if target is not None:
                     self.edges.add((module.qualified, target.qualified, ext.deferred))
 
-    def find_assets(self, unit: Unit, module: Module, scan: _graph.ModuleScan) -> None:
+    def find_assets(self, unit: RepoScan, module: Module, scan: _graph.ModuleScan) -> None:
         """Non-Python files the code names in a string, next to it or at the root."""
         here = module.path.rsplit("/", 1)[0] + "/" if "/" in module.path else ""
         for text in scan.strings:
@@ -489,13 +491,13 @@ class _Resolver:
                     if candidate.endswith(WEIGHT_SUFFIXES):
                         continue  # weights are data, not code
                     # fenced, size-checked, and the bytes that get hashed: read once
-                    unit.asset_data[candidate] = read_bytes(unit.source, candidate, asset=True)
+                    unit.asset_data[candidate] = read_bytes(unit.origin, candidate, asset=True)
                     unit.assets.add(candidate)
 
     # -- classes ----------------------------------------------------------------------
 
     def add_class(self, ref: ClassRef) -> None:
-        where = str(self.main.source.root / ref.source.split(":", 1)[0])
+        where = str(self.main.origin.root / ref.declared_in.split(":", 1)[0])
         try:
             unit = self.unit_for(ref.repo)
         except ModelNotFoundError as exc:
@@ -519,7 +521,7 @@ class _Resolver:
                 fix=f"define class {ref.name} in {module.path}, or correct the auto_map entry.",
             ), ref_scope(ref))
 
-    def defines(self, unit: Unit, name: str, attr: str) -> bool:
+    def defines(self, unit: RepoScan, name: str, attr: str) -> bool:
         """Whether module ``name`` binds ``attr`` at module level (following star imports).
 
         A work list rather than recursion, for the same reason as ``add_module``.
@@ -566,14 +568,14 @@ def resolve(
     Raises a ``codeferry.errors`` error for input that cannot be analysed at all;
     everything else is reported in ``Bundle.problems``.
     """
-    source = _hub.locate(model, revision=revision, cache_dir=cache_dir, token=token,
+    origin = _hub.locate(model, revision=revision, cache_dir=cache_dir, token=token,
                          local_files_only=local_files_only, need=fetch)
-    refs = read_class_refs(source)
-    if cache_dir is None and source.repo_id:
+    refs = read_class_refs(origin)
+    if cache_dir is None and origin.repo_id:
         # Cross-repo code of a cached repo (also one given as its snapshot folder, as
         # workers get it) comes from the cache that holds it.
-        cache_dir = source.fence.parent
-    resolver = _Resolver(source, cache_dir, token, local_files_only)
+        cache_dir = origin.fence.parent
+    resolver = _Resolver(origin, cache_dir, token, local_files_only)
     for ref in refs:
         resolver.add_class(ref)
 
@@ -586,7 +588,7 @@ def resolve(
         paths = " -> ".join(by_name[n].path or n for n in cycle)
         resolver.report(ImportCycleError(
             f"modules import each other at module level: {paths}.",
-            cycle=tuple(cycle), path=str(source.root / by_name[cycle[0]].path),
+            cycle=tuple(cycle), path=str(origin.root / by_name[cycle[0]].path),
             fix="move one of these imports into the function that uses it.",
         ), *cycle)
     # Parent packages and deferred imports still order modules where they can (a
@@ -598,34 +600,34 @@ def resolve(
     order = _graph.load_order(names, order_edges)
 
     files: list[FileEntry] = []
-    sources: dict[tuple[str | None, str], bytes] = {}
+    contents: dict[tuple[str | None, str], bytes] = {}
     for unit in resolver.units.values():
-        for rel, data in unit.sources.items():
+        for rel, data in unit.contents.items():
             kind = "package" if rel.endswith("__init__.py") else "module"
             files.append(FileEntry(unit.repo, rel, file_sha256(data), len(data), kind))
-            sources[(unit.repo, rel)] = data
+            contents[(unit.repo, rel)] = data
         for rel in unit.assets:
             asset = unit.asset_data.get(rel)
             if asset is None:
-                asset = read_bytes(unit.source, rel, asset=True)
+                asset = read_bytes(unit.origin, rel, asset=True)
             files.append(FileEntry(unit.repo, rel, file_sha256(asset), len(asset), "asset"))
-            sources[(unit.repo, rel)] = asset
+            contents[(unit.repo, rel)] = asset
     files.sort(key=lambda f: (f.repo or "", f.path))
     digest = bundle_digest(files)
 
     scans = [
-        ((f"{unit.repo}--" if unit.repo else "") + unit.modules[name].path, scan)
+        (qualified(unit.repo, unit.modules[name].path), scan)
         for unit in resolver.units.values()
         for name, scan in unit.scans.items()
     ]
     found_requirements = collect_requirements(scans, skip=resolver.siblings) if requirements else []
     located = [
-        (str(unit.source.root / unit.modules[name].path), scan)
+        (str(unit.origin.root / unit.modules[name].path), scan)
         for unit in resolver.units.values()
         for name, scan in unit.scans.items()
     ]
     module_at = {
-        str(unit.source.root / unit.modules[name].path): unit.modules[name].qualified
+        str(unit.origin.root / unit.modules[name].path): unit.modules[name].qualified
         for unit in resolver.units.values()
         for name in unit.scans
     }
@@ -646,7 +648,7 @@ def resolve(
         resolver.report(found, module_at.get(found.path or "", ""))
     problems = resolver.problems
     return Bundle(
-        source=source,
+        origin=origin,
         classes=tuple(refs),
         files=tuple(files),
         modules=tuple(sorted(modules, key=lambda m: m.qualified)),
@@ -656,7 +658,7 @@ def resolve(
         problems=tuple(problems),
         digest=digest,
         pins=dict(resolver.pins),
-        sources=sources,
+        contents=contents,
         closures=closures,
         scopes=tuple(resolver.scopes),
         parents=tuple(parents),
@@ -684,7 +686,7 @@ def _closures(
     rank = {name: i for i, name in enumerate(order)}
     out: dict[ClassRef, tuple[str, ...]] = {}
     for ref in refs:
-        start = f"{ref.repo}--{ref.module}" if ref.repo else ref.module
+        start = qualified(ref.repo, ref.module)
         seen = {start}
         todo = [start]
         while todo:

@@ -70,8 +70,8 @@ from tqdm import tqdm
 from ._checks import check_device, dtype_name
 from ._executor import Executor, Outcome, needed_classes
 from ._lockfile import Lock
-from ._resolve import Bundle, resolve
-from ._trust import decide
+from ._options import ModelOptions
+from ._resolve import Bundle
 from .errors import (
     BatchFailedError,
     InputFormatError,
@@ -445,15 +445,16 @@ def record_path(output: Path) -> Path:
     return output.with_name(output.name + ".codeferry.json")
 
 
-def _producer(bundle: Bundle, task: Task, max_new_tokens: int | None, pooling: str | None,
-              dtype: str | None) -> dict[str, Any]:
-    """What decides an output's lines: the model, its code, the task and its options."""
+def _producer(bundle: Bundle, weights: str, task: Task, max_new_tokens: int | None,
+              pooling: str | None, dtype: str | None) -> dict[str, Any]:
+    """What decides an output's lines: the model (``weights``: where its weights are from,
+    its name), its code, the task and its options."""
     options: dict[str, Any] = {"dtype": dtype}
     if task == "generate":
         options["max_new_tokens"] = max_new_tokens or DEFAULT_MAX_NEW_TOKENS
     elif task == "embed":
         options["pooling"] = pooling or "mean"
-    return {"model": bundle.source.name, "digest": bundle.digest, "task": task,
+    return {"model": weights, "digest": bundle.digest, "task": task,
             "options": options}
 
 
@@ -668,6 +669,7 @@ def run(
     cache_dir: str | os.PathLike[str] | None = None,
     token: str | bool | None = None,
     local_files_only: bool | None = None,
+    code_revision: str | None = None,
     progress: bool | None = None,
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
@@ -685,10 +687,11 @@ def run(
     that another model, code digest or option set produced (refused otherwise). ``dtype``
     is a ``torch.dtype`` or its name; ``cache_dir`` the hub cache that holds ``model``, a
     repo id it lacks being downloaded whole first (``token``, ``local_files_only`` as for
-    ``load``).
+    ``load``); ``code_revision`` as for ``Executor``.
     ``backend="ray"`` runs the workers as Ray actors on the cluster at ``address`` (or
     ``RAY_ADDRESS``); the output and its resumption are the same.
     """
+    options = ModelOptions.of(locals())
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
     if workers < 1 or (batch_size is not None and batch_size < 1):
@@ -698,10 +701,10 @@ def run(
     show = err.isatty() if progress is None else progress
     items = read_inputs(input_path, task)
     dtype = dtype_name(dtype)  # recorded as its name: torch.float16 and "float16" agree
-    bundle = resolve(model, revision=revision, cache_dir=cache_dir, token=token,
-                     local_files_only=local_files_only, fetch="model")
+    bundle = options.resolve_code(model, whole=True)
+    weights = options.locate_model(model, bundle)
     bundle.check_classes(needed_classes((task,)))
-    decision = decide(bundle, trust_remote_code=trust_remote_code, lock=lock, demo=True)
+    decision = options.decide(bundle, demo=True)
     if backend == "local":
         check_device(device)  # before the output is opened (the executor checks again)
 
@@ -711,7 +714,8 @@ def run(
     record = None
     if path is not None:
         try:
-            record = _check_record(path, _producer(bundle, task, max_new_tokens, pooling, dtype),
+            record = _check_record(path, _producer(bundle, weights.name, task, max_new_tokens,
+                                                   pooling, dtype),
                                    bool(state.ids), force_resume)
         except BaseException:
             sink.close(discard=True)
@@ -734,11 +738,13 @@ def run(
             if path is not None and record is not None:
                 _write_record(path, record)
             # The code checked above, pinned: workers verify they run exactly its digest.
+            decided = options.keywords() | {"trust_remote_code": decision.trust_remote_code,
+                                            "lock": decision.lock}
             executor = Executor(
-                str(bundle.source.root), workers=count, start_method=start_method,
-                device=device, dtype=dtype, trust_remote_code=decision.trust_remote_code,
-                lock=decision.lock, revision=revision, batch_size=batch_size, preload=(task,),
-                digest=bundle.digest, cache_dir=cache_dir, backend=backend, address=address,
+                str(bundle.origin.root) if options.own_code else model, workers=count,
+                start_method=start_method, device=device, dtype=dtype, batch_size=batch_size,
+                preload=(task,), digest=bundle.digest, backend=backend, address=address,
+                **decided,
             )
         except BaseException:
             sink.close(discard=True)

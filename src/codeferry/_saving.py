@@ -38,8 +38,8 @@ def save_as(cls: type, key: str) -> None:
 
 
 def _reference(cls: type) -> str:
-    runtime = _pickling.runtime_of(cls)
-    return f"{cls.__module__[len(runtime.package) + 1:]}.{cls.__name__}"
+    registration = _pickling.registration_of(cls)
+    return f"{cls.__module__[len(registration.package) + 1:]}.{cls.__name__}"
 
 
 def _auto_map(config: Any) -> dict[str, Any]:
@@ -69,7 +69,7 @@ def save_code(obj: Any, folder: str | os.PathLike[str]) -> list[str]:
     """Write the unit of ``obj``'s class into ``folder``; the paths written."""
     cls = obj if isinstance(obj, type) else type(obj)
     written = []
-    for rel, data in sorted(_pickling.runtime_of(cls).unit.files.items()):
+    for rel, data in sorted(_pickling.registration_of(cls).unit.files.items()):
         dest = Path(folder) / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.codeferry-tmp")

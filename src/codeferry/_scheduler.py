@@ -395,9 +395,9 @@ class Scheduler:
             for slot in self._slots:
                 if slot.state != "ready" or len(slot.queue) >= depth:
                     continue
-                source = slot.pinned or self._pending
-                while source:
-                    batch = source.popleft()
+                waiting = slot.pinned or self._pending
+                while waiting:
+                    batch = waiting.popleft()
                     if batch.call.start():
                         break
                 else:

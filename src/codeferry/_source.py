@@ -38,8 +38,8 @@ from .errors import (
 )
 
 __all__ = [
-    "WEIGHT_SUFFIXES", "ModelSource", "hub_cache_dir", "locate", "locate_repo", "list_files",
-    "read_bytes", "repo_id_of", "snapshot_source",
+    "WEIGHT_SUFFIXES", "ModelOrigin", "hub_cache_dir", "locate", "locate_repo", "list_files",
+    "read_bytes", "repo_id_of", "snapshot_origin",
 ]
 
 #: Far above any real modeling file (the largest on the hub are a few hundred KB).
@@ -56,8 +56,10 @@ _SKIP_DIRS = frozenset({"__pycache__", ".git", ".cache", ".hf", ".ipynb_checkpoi
 
 
 @dataclass(frozen=True)
-class ModelSource:
-    """A located model: ``root`` holds its ``config.json``.
+class ModelOrigin:
+    """Where a model was found: ``root`` holds its ``config.json``.
+
+    (Not importlib's ``ModuleSpec.origin``, the file of one module.)
 
     ``repo_id``/``commit`` are set for a cached hub repo (the commit a revision resolved
     to, which pins it), ``None`` for a local folder.
@@ -89,7 +91,7 @@ def hub_cache_dir() -> Path:
 
 def locate_repo(
     repo_id: str, *, revision: str | None = None, cache_dir: str | os.PathLike[str] | None = None
-) -> ModelSource:
+) -> ModelOrigin:
     """A repo in the local hub cache, at ``revision`` (default ``main``) resolved to a commit."""
     cache = Path(cache_dir) if cache_dir is not None else hub_cache_dir()
     repo_dir = cache / ("models--" + repo_id.replace("/", "--"))
@@ -120,7 +122,7 @@ def locate_repo(
         raise ModelNotFoundError(
             f"commit {commit} of {repo_id!r} is not in the local cache.", path=str(snapshot), fix=fix
         )
-    return ModelSource(snapshot, repo_dir.resolve(), repo_id, revision, commit)
+    return ModelOrigin(snapshot, repo_dir.resolve(), repo_id, revision, commit)
 
 
 def locate(
@@ -128,19 +130,19 @@ def locate(
     *,
     revision: str | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
-) -> ModelSource:
+) -> ModelOrigin:
     """A local folder if ``model`` is one, else a repo id in the local hub cache."""
     path = Path(model).expanduser()
     if path.is_dir():
         root = path.resolve()
-        found = snapshot_source(root)
+        found = snapshot_origin(root)
         if found is not None:
             return found
         # A model in a sub-folder of a snapshot (``subfolder=``): its links reach the blobs too.
         for above in root.parents:
-            if (outer := snapshot_source(above)) is not None:
-                return ModelSource(root, outer.fence)
-        return ModelSource(root, root)
+            if (outer := snapshot_origin(above)) is not None:
+                return ModelOrigin(root, outer.fence)
+        return ModelOrigin(root, root)
     return locate_repo(repo_id_of(model), revision=revision, cache_dir=cache_dir)
 
 
@@ -158,7 +160,7 @@ def repo_id_of(model: str | os.PathLike[str]) -> str:
     return text
 
 
-def snapshot_source(root: Path) -> ModelSource | None:
+def snapshot_origin(root: Path) -> ModelOrigin | None:
     """``root`` as a cached repo when it is ``.../models--org--name/snapshots/<commit>``.
 
     Its files are symlinks into ``../../blobs``, so its fence is the repo folder: fenced
@@ -170,10 +172,10 @@ def snapshot_source(root: Path) -> ModelSource | None:
             and repo_dir.name.startswith("models--") and len(repo_dir.name) > len("models--")):
         return None
     repo_id = repo_dir.name[len("models--"):].replace("--", "/")
-    return ModelSource(root, repo_dir, repo_id, None, root.name)
+    return ModelOrigin(root, repo_dir, repo_id, None, root.name)
 
 
-def list_files(source: ModelSource) -> dict[str, Path]:
+def list_files(origin: ModelOrigin) -> dict[str, Path]:
     """Every file below the model root, as root-relative ``/``-paths (hidden folders skipped).
 
     Folder symlinks are not followed: code behind one must be named explicitly, and is
@@ -183,7 +185,7 @@ def list_files(source: ModelSource) -> dict[str, Path]:
     subfolders.
     """
     found: dict[str, Path] = {}
-    root = source.root
+    root = origin.root
     stack: list[tuple[str, str]] = [(str(root), "")]  # (folder, its root-relative prefix)
     while stack:
         folder, prefix = stack.pop()
@@ -208,7 +210,7 @@ def list_files(source: ModelSource) -> dict[str, Path]:
 
 
 def read_bytes(
-    source: ModelSource, rel: str, *, limit: int | None = None, asset: bool = False
+    origin: ModelOrigin, rel: str, *, limit: int | None = None, asset: bool = False
 ) -> bytes:
     """The bytes of root-relative file ``rel``, refusing escapes and oversized files.
 
@@ -223,7 +225,7 @@ def read_bytes(
             path=rel,
             fix="keep every file the code needs inside the model folder.",
         )
-    full = source.root / rel
+    full = origin.root / rel
     try:
         real = full.resolve()
     except (OSError, RuntimeError):  # a symlink loop (RuntimeError before Python 3.13)
@@ -231,7 +233,7 @@ def read_bytes(
             f"{rel} is a symlink that loops.", path=str(full),
             fix="replace the link with the file it should point to.",
         ) from None
-    if not real.is_relative_to(source.fence):
+    if not real.is_relative_to(origin.fence):
         raise UnsafePathError(
             f"{rel} is a symlink to {real}, outside the model folder.",
             path=str(full),

@@ -39,7 +39,7 @@ from filelock import FileLock
 from ._digest import file_sha256, token_of, unit_digest, unit_digest_of
 from .errors import StoreCorruptError, StorePermissionError, StoreUnavailableError
 
-__all__ = ["UnitData", "store_root", "read_unit", "write_unit"]
+__all__ = ["Unit", "store_root", "read_unit", "write_unit"]
 
 _DIR_MODE = 0o700
 _FILE_MODE = 0o600
@@ -55,8 +55,12 @@ def store_root() -> Path:
 
 
 @dataclass(frozen=True)
-class UnitData:
+class Unit:
     """The verified bytes of a unit, and what the loader needs to execute them.
+
+    The stored layer of a unit: built from a ``Bundle`` (``_loader.units_of``, from its
+    ``_resolve.RepoScan``), a ticket or the store; ``_loader.register`` makes it a
+    ``_loader.Registration`` in a process.
 
     ``order`` lists dotted module names dependencies first; ``packages`` those that are
     packages (``__init__.py`` or namespace folders); ``label`` is what messages call it.
@@ -83,7 +87,7 @@ class UnitData:
             )
 
 
-def _manifest(unit: UnitData) -> dict[str, object]:
+def _manifest(unit: Unit) -> dict[str, object]:
     return {
         "digest": unit.digest,
         "label": unit.label,
@@ -229,7 +233,7 @@ def _make_private(folder: Path) -> None:
             pass  # another writer made it first: checked below like any other
 
 
-def read_unit(digest_or_token: str, root: Path | None = None) -> UnitData | None:
+def read_unit(digest_or_token: str, root: Path | None = None) -> Unit | None:
     """The unit from the store, verified; ``None`` if absent or broken (callers repair).
 
     Raises ``StorePermissionError`` when another user owns or can write the store or
@@ -252,7 +256,7 @@ def read_unit(digest_or_token: str, root: Path | None = None) -> UnitData | None
             return None
         _check_entry_files(base, listed, entry_digest)
         files = {path: (base / "files" / path).read_bytes() for path in listed}
-        unit = UnitData(
+        unit = Unit(
             manifest["digest"], files, tuple(manifest["order"]),
             frozenset(manifest["packages"]), manifest["label"],
         )
@@ -270,7 +274,7 @@ def read_unit(digest_or_token: str, root: Path | None = None) -> UnitData | None
     return unit
 
 
-def unit_path(unit: UnitData, root: Path | None = None) -> Path:
+def unit_path(unit: Unit, root: Path | None = None) -> Path:
     """Where the unit's files are (``__file__`` of its modules points here)."""
     return (root or store_root()) / "units" / unit.token / "files"
 
@@ -299,7 +303,7 @@ def _remove(path: Path) -> None:
             pass
 
 
-def write_unit(unit: UnitData, root: Path | None = None) -> Path:
+def write_unit(unit: Unit, root: Path | None = None) -> Path:
     """Put ``unit`` in the store (verified first), unless a valid copy is there already.
 
     Returns the unit's files folder. Raises ``StoreUnavailableError`` when the store

@@ -67,7 +67,7 @@ def _needs_generate(cls: type, generative: bool) -> bool:
 
 
 def with_generation_mixin(
-    cls: type, runtime: _loader.Runtime | None = None, *, generative: bool = False
+    cls: type, registration: _loader.Registration | None = None, *, generative: bool = False
 ) -> type:
     """``cls`` with ``GenerationMixin`` where transformers would add it; the module agrees.
 
@@ -92,10 +92,10 @@ def with_generation_mixin(
     module = sys.modules.get(cls.__module__)
     if module is not None and getattr(module, cls.__name__, None) is cls:
         setattr(module, cls.__name__, new)
-    if runtime is None and _pickling.is_ferried(cls):
-        runtime = _pickling.runtime_of(cls)
-    if runtime is not None:
-        _pickling.mark_class(new, runtime)
+    if registration is None and _pickling.is_ferried(cls):
+        registration = _pickling.registration_of(cls)
+    if registration is not None:
+        _pickling.mark_class(new, registration)
     return new
 
 
@@ -141,7 +141,7 @@ def _auto_class(key: str) -> Any:
 
 
 def register_with_transformers(
-    classes: Mapping[str, Any], runtimes: Mapping[type, _loader.Runtime]
+    classes: Mapping[str, Any], registrations: Mapping[type, _loader.Registration]
 ) -> dict[str, Any]:
     """Register ``key -> class`` (pairs as tuples) with transformers' Auto classes.
 
@@ -179,7 +179,7 @@ def register_with_transformers(
             elif key == "AutoVideoProcessor":
                 auto.register(config_cls, video_processor_class=value, exist_ok=True)
             elif key.startswith("AutoModel") and isinstance(value, type):
-                value = with_generation_mixin(value, runtimes.get(value),
+                value = with_generation_mixin(value, registrations.get(value),
                                               generative=key in GENERATIVE_KEYS)
                 out[key] = value
                 auto.register(config_cls, value, exist_ok=True)
@@ -197,10 +197,10 @@ def register_with_transformers(
 # -- the files transformers reads --------------------------------------------------------
 
 _served_lock = threading.Lock()
-_served: dict[Path, _loader.Runtime] = {}  # model root -> the runtime of its own code
+_served: dict[Path, _loader.Registration] = {}  # model root -> the registration of its own code
 
 
-def _model_runtime(model: Any, kwargs: Mapping[str, Any]) -> _loader.Runtime | None:
+def _model_registration(model: Any, kwargs: Mapping[str, Any]) -> _loader.Registration | None:
     """The loaded unit whose model folder ``model`` (a path or a repo id) names, if any."""
     if not isinstance(model, (str, os.PathLike)):
         return None
@@ -218,15 +218,15 @@ def verified_file_kwargs(cls: type, model: Any, kwargs: dict[str, Any]) -> dict[
     names = getattr(cls, "vocab_files_names", None)
     if not isinstance(names, Mapping) or not names:
         return kwargs
-    runtime = _model_runtime(model, kwargs)
-    if runtime is None:
+    registration = _model_registration(model, kwargs)
+    if registration is None:
         return kwargs
     sub = str(kwargs.get("subfolder") or "").strip("/")
     out = dict(kwargs)
     for arg, name in names.items():
         rel = f"{sub}/{name}" if sub else str(name)
-        if out.get(arg) is None and rel in runtime.unit.files and not rel.endswith(".py"):
-            out[arg] = str(runtime.verified_dir() / rel)
+        if out.get(arg) is None and rel in registration.unit.files and not rel.endswith(".py"):
+            out[arg] = str(registration.verified_dir() / rel)
     return out
 
 
@@ -252,10 +252,10 @@ def _serve_class(cls: type) -> None:
     type.__setattr__(cls, "__codeferry_serves__", True)
 
 
-def serve_verified_files(classes: Mapping[str, Any], root: Path, runtime: _loader.Runtime) -> None:
+def serve_verified_files(classes: Mapping[str, Any], root: Path, registration: _loader.Registration) -> None:
     """Make the tokenizer classes of the model at ``root`` read its assets' checked bytes."""
     with _served_lock:
-        _served[root.resolve()] = runtime
+        _served[root.resolve()] = registration
     for value in classes.values():
         for cls in value if isinstance(value, tuple) else (value,):
             if isinstance(cls, type):

@@ -25,9 +25,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from . import _policy
+from ._automap import qualified
 from ._lockfile import Lock, read_lock
 from ._resolve import Bundle
-from ._store import UnitData
+from ._store import Unit
 from .errors import CodeChangedError, TrustRequiredError
 
 __all__ = ["DEMO_DIGEST", "Decision", "decide", "record", "trust_error", "code_changed"]
@@ -66,7 +67,7 @@ def decide(
     raise trust_error(bundle)
 
 
-def record(decision: Decision, units: Iterable[UnitData]) -> None:
+def record(decision: Decision, units: Iterable[Unit]) -> None:
     """Make ``decision`` this process's: ``units`` may run here, and a lock binds it from now on."""
     _policy.allow({u.digest for u in units}, from_lock=decision.lock is not None)
 
@@ -74,14 +75,14 @@ def record(decision: Decision, units: Iterable[UnitData]) -> None:
 def trust_error(bundle: Bundle) -> TrustRequiredError:
     """Rule 4: the code would run, and nobody decided that it may."""
     files = tuple(
-        (f"{f.repo}--" if f.repo else "") + f.path for f in bundle.files if f.kind != "asset"
+        qualified(f.repo, f.path) for f in bundle.files if f.kind != "asset"
     )
     listing = ", ".join(files)
     return TrustRequiredError(
         f"the model ships code that would run in this process and in every worker: "
         f"{listing} (digest {bundle.digest}).",
         files=files,
-        path=str(bundle.source.root),
+        path=str(bundle.origin.root),
         fix="read it (`codeferry inspect MODEL`, `codeferry audit MODEL`), then pass "
         "trust_remote_code=True or lock=FILE (on the command line --trust-remote-code or "
         "--lock FILE; `codeferry lock MODEL -o FILE` writes one).",
@@ -91,10 +92,10 @@ def trust_error(bundle: Bundle) -> TrustRequiredError:
 def code_changed(bundle: Bundle, expected: str) -> CodeChangedError:
     """The code found now is not the digest ``expected`` that the parent decided on."""
     return CodeChangedError(
-        f"the code of {bundle.source.name} changed since it was checked: the parent decided "
+        f"the code of {bundle.origin.name} changed since it was checked: the parent decided "
         f"on digest {expected}, this process found {bundle.digest}; none of it ran.",
         expected=expected, actual=bundle.digest, digest=bundle.digest,
-        model=bundle.source.name, path=str(bundle.source.root),
+        model=bundle.origin.name, path=str(bundle.origin.root),
         fix="the model folder changed while in use: restore it, or start a new Executor "
         "(rerun the command) to check the new code (`codeferry inspect MODEL` shows it).",
     )

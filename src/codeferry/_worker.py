@@ -1,7 +1,8 @@
 """What runs inside an executor worker: load the code, build the model, serve batches.
 
-A worker is started with everything it needs as plain arguments (model, trust or lock,
-the digest the parent checked, device, dtype, threads). It loads the remote code itself,
+A worker is started with everything it needs in one ``WorkerSpec`` (the model's folder,
+its ``ModelOptions`` with the parent's trust decision, the digest the parent checked,
+device, dtype, threads). It loads the remote code itself,
 through ``codeferry.load``: nothing it inherited (from a fork, a preloaded zygote) is
 trusted to mean the code is there, and it executes only the digest the parent checked
 (``CodeChangedError`` otherwise), so a worker started after the folder changed cannot
@@ -32,7 +33,10 @@ import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._options import ModelOptions
 
 __all__ = ["WorkerSpec", "error_payload", "handle", "pack", "remote_error", "unpack_reply",
            "worker_main"]
@@ -40,10 +44,13 @@ __all__ = ["WorkerSpec", "error_payload", "handle", "pack", "remote_error", "unp
 
 @dataclass(frozen=True)
 class WorkerSpec:
+    """Everything a worker starts from; it travels pickled (to a Ray actor too)."""
+
+    #: The folder the model is built from: config, tokenizer, weights.
     model: str
-    revision: str | None
-    trust_remote_code: bool
-    lock: Any  # codeferry._lockfile.Lock | None
+    #: Where the code is and whether it may run: the parent's ``ModelOptions.for_workers``,
+    #: its trust decision made and no token.
+    options: ModelOptions
     device: str
     dtype: str | None
     threads: int
@@ -51,12 +58,15 @@ class WorkerSpec:
     #: The digest the parent checked: the worker runs exactly this code or fails with
     #: ``CodeChangedError`` (``None``: whatever the trust or lock allows).
     digest: str | None = None
-    #: The hub cache of cross-repo references (``None``: the default cache).
-    cache_dir: str | None = None
     #: ``auto``, ``continuous`` or ``batched``: see ``_generation.choose_path``.
     generate_path: str = "auto"
     #: ``False``: load and verify every class strictly, build nothing (``codeferry doctor``).
     serve: bool = True
+    #: The folder of the code when it is another revision's than ``model``'s
+    #: (``code_revision``, as in transformers): the classes are loaded and verified from
+    #: here, the config, tokenizer and weights read from ``model`` with them.
+    #: ``None``: ``model``'s own code.
+    code: str | None = None
 
 
 #: New tokens of a ``generate`` call that names none (the planner counts them too).
@@ -152,7 +162,7 @@ class _Engine:
         from transformers import AutoTokenizer
         from transformers.utils import logging as hf_logging
 
-        from ._api import load, load_pinned
+        from ._api import load_pinned, load_with
 
         hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # load reports of heads a task does not use
         torch.set_num_threads(max(1, spec.threads))
@@ -161,21 +171,26 @@ class _Engine:
         self._accepted: dict[int, tuple[set[str], bool]] = {}
         #: (path, why) once the generate model is built: see ``_generation.choose_path``.
         self.generate_path: tuple[str, str] | None = None
+        code, options = spec.code or spec.model, spec.options
         if not spec.serve:
             # ``codeferry doctor``: the code arrives with the config, by ticket, first; a
             # lock binds this process before anything arrives.
-            self.classes = (load_pinned(spec.model, str(spec.digest), lock=spec.lock,
-                                        revision=spec.revision, cache_dir=spec.cache_dir)
-                            if spec.lock is not None else {})
+            self.classes = (load_pinned(code, str(spec.digest), options)
+                            if options.lock is not None else {})
             return
         if spec.digest is None:
-            self.classes = load(spec.model, trust_remote_code=spec.trust_remote_code,
-                                revision=spec.revision, lock=spec.lock, cache_dir=spec.cache_dir)
+            self.classes = load_with(code, options)
         else:
-            self.classes = load_pinned(spec.model, spec.digest, revision=spec.revision,
-                                       cache_dir=spec.cache_dir,
-                                       trust_remote_code=spec.trust_remote_code, lock=spec.lock)
-        self.tokenizer = AutoTokenizer.from_pretrained(spec.model, revision=spec.revision)
+            self.classes = load_pinned(code, spec.digest, options)
+        #: ``config=`` for ``from_pretrained`` when the code is another revision's: ``model``'s
+        #: config built by the loaded config class, so that transformers neither reads the
+        #: code of ``model``'s own revision nor asks which config class owns its model_type.
+        self._with_config: dict[str, Any] = {}
+        config_class: Any = self.classes.get("AutoConfig")
+        if spec.code not in (None, spec.model) and config_class is not None:
+            self._with_config["config"] = config_class.from_pretrained(spec.model)
+        self.tokenizer = AutoTokenizer.from_pretrained(spec.model, revision=options.revision,
+                                                       **self._with_config)
         if self.tokenizer.pad_token is None:
             fallback = self.tokenizer.eos_token or self.tokenizer.unk_token
             if fallback is not None:
@@ -194,8 +209,8 @@ class _Engine:
             raise failed[key]
         if key not in self.models:
             dtype = getattr(torch, self.spec.dtype) if self.spec.dtype else None
-            model: Any = auto.from_pretrained(self.spec.model, revision=self.spec.revision,
-                                              dtype=dtype)
+            model: Any = auto.from_pretrained(self.spec.model, revision=self.spec.options.revision,
+                                              dtype=dtype, **self._with_config)
             self.models[key] = model.to(self.spec.device).eval()
             if kind == "generate":
                 from ._generation import choose_path

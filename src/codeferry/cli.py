@@ -12,6 +12,7 @@ Every command's MODEL is optional: without it, the command works on the bundled 
 from __future__ import annotations
 
 import argparse
+import inspect
 import io
 import json
 import os
@@ -25,8 +26,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeAlias
 
+from ._options import ModelOptions
 from ._render import render_dot, render_report
-from ._resolve import resolve
+from ._resolve import Bundle
 from ._version import package_version
 from .errors import (
     CodeferryError,
@@ -126,9 +128,23 @@ def _show(args: argparse.Namespace, data: object, text: str) -> None:
         sys.stdout.write(text)
 
 
+def _options(args: argparse.Namespace) -> ModelOptions:
+    """The command's ``ModelOptions``: its options of the same names (``_common_options``,
+    and ``--trust-remote-code``, ``--lock`` where it has them)."""
+    return ModelOptions.of({"trust_remote_code": False, "lock": None, **vars(args)})
+
+
+def _bundle(args: argparse.Namespace) -> Bundle:
+    """The code of the command's MODEL (the demo without one), as a static command reads it."""
+    return _options(args).resolve_code(args.model or _demo())
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    bundle = resolve(args.model or _demo(), revision=args.revision, cache_dir=args.cache_dir,
-                     token=args.token, local_files_only=args.local_files_only)
+    """Show the classes, files, load order, requirements and problems of a model's code.
+
+    Static analysis of a model's remote code. Executes nothing.
+    """
+    bundle = _bundle(args)
     if args.graph:
         _write_graph(Path(args.graph), render_dot(bundle))
     _show(args, bundle.to_json(), render_report(bundle))
@@ -136,10 +152,13 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_lock(args: argparse.Namespace) -> int:
+    """Write a lock file: the exact code of a model, to review and to pin.
+
+    Static: executes nothing. See the README for the format.
+    """
     from ._lockfile import Lock
 
-    bundle = resolve(args.model or _demo(), revision=args.revision, cache_dir=args.cache_dir,
-                     token=args.token, local_files_only=args.local_files_only)
+    bundle = _bundle(args)
     bundle.check_classes()  # refused only when no class can load
     for ref in bundle.classes:
         for problem in bundle.problems_for(ref)[:1]:
@@ -154,16 +173,20 @@ def _cmd_lock(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    """Check a model's code against a lock file (exit 1 on any difference).
+
+    Static: executes nothing.
+    """
     from ._lockfile import read_lock
 
     lock = read_lock(args.lock)
     model = args.model or _demo()
-    bundle = resolve(model, revision=args.revision, cache_dir=args.cache_dir, token=args.token, local_files_only=args.local_files_only)
+    bundle = _bundle(args)
     diff = lock.diff(bundle)
     if bundle.digest == lock.digest:
-        print(f"ok: {bundle.source.name} matches {args.lock} ({lock.digest})")
+        print(f"ok: {bundle.origin.name} matches {args.lock} ({lock.digest})")
         return 0
-    print(f"MISMATCH: {bundle.source.name} is not the code locked in {args.lock}")
+    print(f"MISMATCH: {bundle.origin.name} is not the code locked in {args.lock}")
     print(f"  locked  {lock.digest}\n  actual  {bundle.digest}")
     for line in diff.lines():
         print(f"  {line}")
@@ -171,25 +194,30 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         print(f"after reviewing the changes, re-lock: codeferry lock {model} -o {args.lock}")
     else:
         print(f"{args.lock} is the lock of another model ({lock.model}); to lock "
-              f"{bundle.source.name}, write a new lock file (locking into {args.lock} would "
+              f"{bundle.origin.name}, write a new lock file (locking into {args.lock} would "
               f"overwrite it): codeferry lock {model} -o {lock.new_path(bundle)}")
     return 1
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
+    """Load a model here and in N fresh workers, and report what each worker saw.
+
+    Executes the model's code here and in every worker: needs --trust-remote-code or
+    --lock (except for the bundled demo).
+    """
     from ._doctor import doctor, render_doctor
 
-    report = doctor(
-        args.model or _demo(), trust_remote_code=args.trust_remote_code, workers=args.workers,
-        start_method=args.start_method, revision=args.revision, lock=args.lock,
-        cache_dir=args.cache_dir, backend=args.backend, address=args.address,
-        token=args.token, local_files_only=args.local_files_only,
-    )
+    report = doctor(args.model or _demo(), workers=args.workers, start_method=args.start_method,
+                    backend=args.backend, address=args.address, **_options(args).keywords())
     _show(args, report.to_json(), render_doctor(report))
     return 0 if report.ok else 1
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
+    """List what a model's code can do beyond computing (processes, network, files...).
+
+    Static analysis of a model's remote code, by category. Executes nothing.
+    """
     from ._audit import CATEGORIES, audit_bundle, render_audit
 
     fail_on = [c.strip() for text in args.fail_on for c in text.split(",") if c.strip()]
@@ -199,14 +227,20 @@ def _cmd_audit(args: argparse.Namespace) -> int:
             f"--fail-on: unknown categor{'ies' if len(unknown) > 1 else 'y'} "
             f"{', '.join(map(repr, unknown))}; valid: {', '.join(CATEGORIES)}"
         )
-    report = audit_bundle(resolve(args.model or _demo(), revision=args.revision,
-                                  cache_dir=args.cache_dir, token=args.token,
-                                  local_files_only=args.local_files_only))
+    report = audit_bundle(_bundle(args))
     _show(args, report.to_json(), render_audit(report))
     return 1 if report.in_categories(fail_on) else 0
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    """Run a model on every line of a file (generate, embed or score) into resumable JSONL.
+
+    Batch inference on worker processes. Input: JSONL objects with an "id" and a
+    "prompt" (or "text"), or plain text lines (id: the line number). Output: one JSON
+    line per input, in input order; rerunning with the same --output resumes. With no
+    arguments, runs the bundled demo model on its prompts and prints JSONL. Exit 0:
+    every input has a result; 1: some failed (error lines) or an error; 2: usage.
+    """
     from ._run import run
 
     if args.pooling is not None and args.task != "embed":
@@ -220,26 +254,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.input is None and args.model is not None:
         raise UsageError("--input FILE is required with a MODEL (without MODEL, the bundled "
                          "demo runs on its own prompts)")
-    source = Path(args.input) if args.input else Path(_demo()) / "prompts.txt"
+    inputs = Path(args.input) if args.input else Path(_demo()) / "prompts.txt"
     output = args.output or "-"
     if output != "-":
         target = Path(output)
         if target.is_dir():
             raise UsageError(f"--output {output} is a folder: name a file")
-        if target.exists() and source.exists() and os.path.samefile(target, source):
+        if target.exists() and inputs.exists() and os.path.samefile(target, inputs):
             raise UsageError(f"--output {output} is the input file: name another file")
     workers = args.workers or (2 if (os.cpu_count() or 1) > 1 else 1)
     # The workers' "Loading weights" bars would garble ours (and clutter logs).
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         result = run(
-            args.model or _demo(), source, output, task=args.task,
-            trust_remote_code=args.trust_remote_code, lock=args.lock, workers=workers,
+            args.model or _demo(), inputs, output, task=args.task, workers=workers,
             start_method=args.start_method, batch_size=args.batch_size,
             max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
-            pooling=args.pooling, revision=args.revision, cache_dir=args.cache_dir,
-            force_resume=args.force_resume, backend=args.backend, address=args.address,
-            token=args.token, local_files_only=args.local_files_only,
+            pooling=args.pooling, force_resume=args.force_resume, backend=args.backend,
+            address=args.address, **_options(args).keywords(),
         )
     except BrokenPipeError:  # `codeferry run | head`: the reader left; stop quietly
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -253,7 +285,20 @@ _MODEL_HELP = ("a model folder, or a repo id of the Hugging Face Hub, downloaded
                "cached or HF_HUB_OFFLINE=1 (default: the bundled demo model")
 
 
-def _backend_options(command: argparse.ArgumentParser) -> None:
+def _trust_options(command: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup) -> None:
+    """What the trust decision is made from, for a command that runs the model's code."""
+    command.add_argument("--trust-remote-code", action="store_true",
+                         help="allow the model's code to run here and in the workers")
+    command.add_argument("--lock", metavar="FILE",
+                         help="allow exactly the code this lock file lists")
+
+
+def _worker_options(command: argparse.ArgumentParser, *, workers: int | None = None,
+                    workers_help: str | None = None) -> None:
+    """How many workers, started how, where: for a command that starts workers."""
+    command.add_argument("--workers", type=int, default=workers, metavar="N", help=workers_help)
+    command.add_argument("--start-method", choices=["spawn", "forkserver", "fork"],
+                         default="spawn")
     command.add_argument("--backend", choices=["local", "ray"], default="local",
                          help="local worker processes, or Ray actors across a cluster "
                          "(needs `pip install 'codeferry[ray]'`)")
@@ -265,6 +310,9 @@ def _backend_options(command: argparse.ArgumentParser) -> None:
 def _common_options(command: argparse.ArgumentParser) -> None:
     """Options every subcommand takes. ``--debug`` is also accepted before the command."""
     command.add_argument("--revision", help="branch, tag or commit of a repo (default: main)")
+    command.add_argument("--code-revision", metavar="REVISION",
+                         help="the revision whose code runs, as transformers' code_revision: "
+                         "config and weights still come from --revision (default: --revision)")
     command.add_argument("--cache-dir", metavar="DIR",
                          help="the Hugging Face hub cache that holds MODEL (default: $HF_HUB_CACHE, "
                          "else $HF_HOME/hub, else $XDG_CACHE_HOME or ~/.cache, /huggingface/hub)")
@@ -295,11 +343,13 @@ def _parser() -> argparse.ArgumentParser:
 _Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
-def _command(sub: _Commands, name: str, func: Callable[[argparse.Namespace], int], *,
-             help: str, description: str, model_help: str = ")",
-             with_json: bool = False) -> argparse.ArgumentParser:
-    """A subcommand running ``func``, with its optional MODEL (and ``--json`` when asked)."""
-    command = sub.add_parser(name, help=help, description=description)
+def _command(sub: _Commands, func: Callable[[argparse.Namespace], int], *,
+             model_help: str = ")", with_json: bool = False) -> argparse.ArgumentParser:
+    """The subcommand ``_cmd_NAME`` runs: its help and description are the function's
+    docstring, its first line and the rest; then its optional MODEL (and ``--json``)."""
+    summary, _, description = inspect.cleandoc(func.__doc__ or "").partition("\n\n")
+    command = sub.add_parser(func.__name__.removeprefix("_cmd_"), help=summary.rstrip("."),
+                             description=description)
     command.add_argument("model", nargs="?", default=None, help=_MODEL_HELP + model_help)
     if with_json:
         command.add_argument("--json", action="store_true", help="print one JSON object")
@@ -308,74 +358,39 @@ def _command(sub: _Commands, name: str, func: Callable[[argparse.Namespace], int
 
 
 def _add_inspect(sub: _Commands) -> argparse.ArgumentParser:
-    inspect = _command(
-        sub, "inspect", _cmd_inspect,
-        help="show the classes, files, load order, requirements and problems of a model's code",
-        description="Static analysis of a model's remote code. Executes nothing.",
-        with_json=True,
-    )
-    inspect.add_argument("--graph", metavar="FILE", help="write the import graph (.dot, .svg, .png)")
-    return inspect
+    command = _command(sub, _cmd_inspect, with_json=True)
+    command.add_argument("--graph", metavar="FILE", help="write the import graph (.dot, .svg, .png)")
+    return command
 
 
 def _add_doctor(sub: _Commands) -> argparse.ArgumentParser:
-    doc = _command(
-        sub, "doctor", _cmd_doctor,
-        help="load a model here and in N fresh workers, and report what each worker saw",
-        description="Executes the model's code here and in every worker: needs "
-        "--trust-remote-code or --lock (except for the bundled demo).",
-        model_help="; the demo's code is trusted by its pinned digest, any other needs "
-        "--trust-remote-code or --lock)",
-    )
-    doc.add_argument("--trust-remote-code", action="store_true",
-                     help="allow the model's code to run here and in the workers")
-    doc.add_argument("--lock", metavar="FILE", help="allow exactly the code this lock file lists")
-    doc.add_argument("--workers", type=int, default=2, metavar="N")
-    doc.add_argument("--start-method", choices=["spawn", "forkserver", "fork"], default="spawn")
-    _backend_options(doc)
-    doc.add_argument("--json", action="store_true", help="print one JSON object")
-    return doc
+    command = _command(sub, _cmd_doctor, model_help="; the demo's code is trusted by its pinned "
+                       "digest, any other needs --trust-remote-code or --lock)")
+    _trust_options(command)
+    _worker_options(command, workers=2)
+    command.add_argument("--json", action="store_true", help="print one JSON object")
+    return command
 
 
 def _add_audit(sub: _Commands) -> argparse.ArgumentParser:
-    aud = _command(
-        sub, "audit", _cmd_audit,
-        help="list what a model's code can do beyond computing (processes, network, files...)",
-        description="Static analysis of a model's remote code, by category. Executes nothing.",
-        with_json=True,
-    )
-    aud.add_argument("--fail-on", action="append", default=[], metavar="CATEGORY[,...]",
-                     help="exit 1 when anything is found in these categories")
-    return aud
+    command = _command(sub, _cmd_audit, with_json=True)
+    command.add_argument("--fail-on", action="append", default=[], metavar="CATEGORY[,...]",
+                         help="exit 1 when anything is found in these categories")
+    return command
 
 
 def _add_run(sub: _Commands) -> argparse.ArgumentParser:
-    run = _command(
-        sub, "run", _cmd_run,
-        help="run a model on every line of a file (generate, embed or score) into resumable JSONL",
-        description="Batch inference on worker processes. Input: JSONL objects with an \"id\" "
-        "and a \"prompt\" (or \"text\"), or plain text lines (id: the line number). Output: one "
-        "JSON line per input, in input order; rerunning with the same --output resumes. "
-        "With no arguments, runs the bundled demo model on its prompts and prints JSONL. "
-        "Exit 0: every input has a result; 1: some failed (error lines) or an error; 2: usage.",
-        model_help=", whose code is trusted by its pinned digest; then --input defaults to its "
-        "prompts)",
-    )
+    run = _command(sub, _cmd_run, model_help=", whose code is trusted by its pinned digest; "
+                   "then --input defaults to its prompts)")
     run.add_argument("--input", metavar="FILE",
                      help="JSONL or plain text, one input per line (needed with a MODEL; "
                      "default: the demo's prompts.txt)")
     run.add_argument("-o", "--output", metavar="FILE",
                      help="JSONL results; an existing file is resumed (default: stdout)")
-    trust = run.add_mutually_exclusive_group()
-    trust.add_argument("--trust-remote-code", action="store_true",
-                       help="allow the model's code to run here and in the workers")
-    trust.add_argument("--lock", metavar="FILE", help="allow exactly the code this lock file lists")
+    _trust_options(run.add_mutually_exclusive_group())
     run.add_argument("--task", choices=["generate", "embed", "score"], default="generate")
-    run.add_argument("--workers", type=int, metavar="N",
-                     help="worker processes (default: 2, 1 on a 1-core machine; never more "
-                     "than batches)")
-    run.add_argument("--start-method", choices=["spawn", "forkserver", "fork"], default="spawn")
-    _backend_options(run)
+    _worker_options(run, workers_help="worker processes (default: 2, 1 on a 1-core machine; "
+                    "never more than batches)")
     run.add_argument("--batch-size", type=int, metavar="B",
                      help="inputs per batch (default: 8, fewer to give every worker a batch)")
     run.add_argument("--max-new-tokens", type=int, metavar="K",
@@ -394,23 +409,15 @@ def _add_run(sub: _Commands) -> argparse.ArgumentParser:
 
 
 def _add_lock(sub: _Commands) -> argparse.ArgumentParser:
-    lock = _command(
-        sub, "lock", _cmd_lock,
-        help="write a lock file: the exact code of a model, to review and to pin",
-        description="Static: executes nothing. See the README for the format.",
-    )
-    lock.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
-    return lock
+    command = _command(sub, _cmd_lock)
+    command.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
+    return command
 
 
 def _add_verify(sub: _Commands) -> argparse.ArgumentParser:
-    verify = _command(
-        sub, "verify", _cmd_verify,
-        help="check a model's code against a lock file (exit 1 on any difference)",
-        description="Static: executes nothing.",
-    )
-    verify.add_argument("--lock", metavar="FILE", required=True, help="the lock file")
-    return verify
+    command = _command(sub, _cmd_verify)
+    command.add_argument("--lock", metavar="FILE", required=True, help="the lock file")
+    return command
 
 
 def main(argv: Sequence[str] | None = None) -> int:

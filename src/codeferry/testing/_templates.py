@@ -280,9 +280,9 @@ NORM_HELPER_CALL = """\
 
         return rms_norm(x, self.weight, RMS_EPS)"""
 
-MLP_INLINE = """
-
-class ${Name}MLP(nn.Module):
+#: The MLP block's class after its name: written inline (``${Name}MLP``) or in a helper
+#: module (``Block``, ``FLAT_HELPER``), the same code either way.
+_MLP_CLASS_BODY = """(nn.Module):
     def __init__(self, hidden_size, act):
         super().__init__()
         self.fc_in = nn.Linear(hidden_size, 2 * hidden_size, bias=False)
@@ -291,8 +291,9 @@ class ${Name}MLP(nn.Module):
 
     def forward(self, x):
         return self.fc_out(self.act(self.fc_in(x)))
-
 """
+
+MLP_INLINE = "\n\nclass ${Name}MLP" + _MLP_CLASS_BODY + "\n"
 
 CONSTANTS_INLINE = """
 RMS_EPS = 1e-6
@@ -339,16 +340,7 @@ FLAT_HELPER = '''"""MLP block of ``$name``, imported with ``from .$module import
 from torch import nn
 
 
-class Block(nn.Module):
-    def __init__(self, hidden_size, act):
-        super().__init__()
-        self.fc_in = nn.Linear(hidden_size, 2 * hidden_size, bias=False)
-        self.fc_out = nn.Linear(2 * hidden_size, hidden_size, bias=False)
-        self.act = act
-
-    def forward(self, x):
-        return self.fc_out(self.act(self.fc_in(x)))
-'''
+class Block''' + _MLP_CLASS_BODY
 
 SUBPACKAGE_INIT = '''"""Helper sub-package of ``$name``: ``from .$package.rope import rope``."""
 
