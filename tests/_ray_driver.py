@@ -37,8 +37,8 @@ def _reference(model: str, kind: str, texts: list[str], cache_dir: str | None = 
     from codeferry._options import ModelOptions
     from codeferry._worker import WorkerSpec, _Engine
 
-    options = ModelOptions(cache_dir=cache_dir, trust_remote_code=True)
-    engine = _Engine(WorkerSpec(model, options, "cpu", None, 1, ()))
+    engine = _Engine(WorkerSpec(model, ModelOptions(cache_dir=cache_dir, trust_remote_code=True),
+                                "cpu", None, 1, ()))
     if kind == "generate":
         return [engine.generate([t], {"max_new_tokens": 4, **options})[0] for t in texts]
     if kind == "embed":
