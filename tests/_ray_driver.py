@@ -54,8 +54,8 @@ def _vanishing(model: str) -> str:
     shutil.copytree(model, copy)
     real = cray.build_ferry
 
-    def build_then_delete(bundle: Any) -> Any:
-        ferry = real(bundle)
+    def build_then_delete(bundle: Any, model: Any = None) -> Any:
+        ferry = real(bundle, model)
         shutil.rmtree(copy)
         return ferry
 
