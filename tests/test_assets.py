@@ -313,3 +313,39 @@ def test_asset_above_the_asset_limit_is_a_typed_error(tmp_path: Path) -> None:
     assert "1024 MiB" in str(err) and err.fix
     again = pickle.loads(pickle.dumps(err))
     assert (again.size, again.limit, str(again)) == (err.size, err.limit, str(err))
+
+
+def test_private_copies_of_processes_starting_together_are_never_swept() -> None:
+    """Every new private folder sweeps the others: one being created right then (its
+    ``.alive`` not yet locked) must not look abandoned. Two sweepers in a tight loop
+    while two processes fork 150 children each that make their folder and check it."""
+    sweeper = (
+        "import time\n"
+        "from codeferry import _loader\n"
+        "end = time.monotonic() + 60\n"
+        "while time.monotonic() < end:\n"
+        "    _loader._sweep_private()\n"
+    )
+    maker = (
+        "import os\n"
+        "from codeferry import _loader\n"
+        "lost = 0\n"
+        "for _ in range(150):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        root = _loader._private_root()\n"
+        "        os._exit(0 if (root / '.alive').is_file() else 1)\n"
+        "    lost += os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0\n"
+        "print(lost)\n"
+    )
+    sweepers = [subprocess.Popen([sys.executable, "-c", sweeper]) for _ in range(2)]
+    try:
+        makers = [subprocess.Popen([sys.executable, "-c", maker], stdout=subprocess.PIPE,
+                                   text=True) for _ in range(2)]
+        lost = [int(p.communicate(timeout=120)[0]) for p in makers]
+    finally:
+        for p in sweepers:
+            p.kill()
+            p.wait()
+    assert all(p.returncode == 0 for p in makers)
+    assert lost == [0, 0]

@@ -192,8 +192,12 @@ def _hold_alive(root: Path) -> None:
             f"not removed ({tempfile.gettempdir()}/{_PRIVATE_PREFIX}*; delete them when no "
             "codeferry process runs).", RuntimeWarning, stacklevel=2)
         return
-    fd = os.open(root / _ALIVE, os.O_CREAT | os.O_WRONLY, 0o600)
+    # Locked before it has its name: a sweeper that found ``.alive`` unlocked between its
+    # creation and our flock would take the lock itself and remove a live copy.
+    pending = root / f"{_ALIVE}.{os.getpid()}"
+    fd = os.open(pending, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.rename(pending, root / _ALIVE)
     _alive_fds.append(fd)
 
 
