@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         from transformers import AutoConfig
 
         import codeferry
-        from codeferry import _loader, _pickling
+        from codeferry._runtime import loader as _loader
+        from codeferry._runtime import pickling as _pickling
         from codeferry.testing import ModelSpec, write_model
 
         big = write_model(os.path.join(tmp, "big"), ModelSpec(name="bigtok", big_asset=args.size))

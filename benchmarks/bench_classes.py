@@ -58,8 +58,8 @@ def _child(way: str, folders: dict[str, str]) -> dict[str, list[int]]:
 
     hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     import codeferry
-    from codeferry._resolve import read_class_refs
-    from codeferry._source import locate
+    from codeferry._code.resolve import read_class_refs
+    from codeferry._code.source import locate
 
     if way == "install()":
         codeferry.install()

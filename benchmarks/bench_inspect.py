@@ -34,7 +34,7 @@ from typing import Any
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 import codeferry
-from codeferry import _resolve
+from codeferry._code import resolve as _resolve
 from codeferry.testing import HELPER_KINDS, LARGEST_SPEC, ModelSpec, write_hub_model
 
 AUTO_MAP_FILES = (

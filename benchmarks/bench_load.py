@@ -94,7 +94,8 @@ def _load_classes(method: str, job: dict[str, Any]) -> None:
         from multiprocessing.reduction import ForkingPickler
 
         config = ForkingPickler.loads(job["payload"])
-        from codeferry import _loader, _pickling
+        from codeferry._runtime import loader as _loader
+        from codeferry._runtime import pickling as _pickling
 
         registration = _pickling.registration_of(type(config))
         for name in registration.unit.order:

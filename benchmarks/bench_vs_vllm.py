@@ -80,7 +80,7 @@ class Way:
 def executor_way(label: str, path: str, prompts: list[str], options: dict[str, Any],
                  lengths: list[int], **settings: Any) -> Way:
     import codeferry
-    from codeferry._batching import padding_waste
+    from codeferry._exec.batching import padding_waste
 
     start = time.perf_counter()
     ex = codeferry.Executor(path, preload=("generate",), **settings)
@@ -134,7 +134,7 @@ def interleave(ways: list[Way], reps: int) -> list[list[Any]]:
 def generate_table(args: argparse.Namespace, llama: str, root: Path) -> None:
     from transformers import AutoTokenizer
 
-    from codeferry._batching import padding_waste
+    from codeferry._exec.batching import padding_waste
 
     prompts = skewed_prompts(args.prompts)
     options = {"max_new_tokens": args.new_tokens, "min_new_tokens": args.new_tokens}

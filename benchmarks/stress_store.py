@@ -33,7 +33,7 @@ the manifest's per-file hashes and every file on disk match the original bytes, 
 ``units/`` holds nothing else.
 
 A loader builds the unit the way ``codeferry.load`` does after resolving (``Unit`` from
-the files), calls ``codeferry._loader.register(unit)`` (which writes the store) and imports
+the files), calls ``codeferry._runtime.loader.register(unit)`` (which writes the store) and imports
 its modules in order. The unit is pure Python: two modules, a sub-package, relative imports,
 and an asset read through ``Path(__file__).parent`` at import (so the store copy is used).
 Each module carries the round's nonce and records ``sha256`` of its own source as its loader
@@ -160,14 +160,14 @@ def read_tree(folder: Path) -> dict[str, bytes]:
 
 def build_unit(source: Mapping[str, Any]) -> Any:
     """The round's ``Unit``, built in this process from the files (as a loader would)."""
-    from codeferry._digest import unit_digest
-    from codeferry._store import Unit
+    from codeferry._code.digest import unit_digest
+    from codeferry._runtime.store import Unit
 
     if source["kind"] == "pure":
         files = read_tree(Path(source["path"]))
         return Unit(unit_digest(files), files, ORDER, PACKAGES, "stress-unit")
-    from codeferry._loader import units_of
-    from codeferry._resolve import resolve
+    from codeferry._code.resolve import resolve
+    from codeferry._runtime.loader import units_of
 
     return units_of(resolve(source["path"]))[None]
 
@@ -230,7 +230,7 @@ def _barrier(spec: Mapping[str, Any]) -> None:
 
 def _check_modules(registration: Any, expected: Mapping[str, str], nonce: str | None) -> int:
     """Every executed module of ``registration``: codeferry's loader, exactly the expected bytes."""
-    from codeferry import _loader
+    from codeferry._runtime import loader as _loader
 
     checked = 0
     for fullname, module in list(sys.modules.items()):
@@ -253,7 +253,7 @@ def _check_modules(registration: Any, expected: Mapping[str, str], nonce: str | 
 
 
 def _load_pure(spec: Mapping[str, Any]) -> dict[str, Any]:
-    from codeferry import _loader
+    from codeferry._runtime import loader as _loader
 
     unit = build_unit(spec["source"])
     registration = _loader.register(unit)
@@ -271,7 +271,7 @@ def _load_pure(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 def _load_real(spec: Mapping[str, Any]) -> dict[str, Any]:
     import codeferry
-    from codeferry import _loader
+    from codeferry._runtime import loader as _loader
 
     classes = codeferry.load(spec["source"]["path"], trust_remote_code=True)
     config = classes["AutoConfig"]()
@@ -295,7 +295,7 @@ def _read_by_digest(spec: Mapping[str, Any]) -> dict[str, Any]:
     """A process that has only the digest: import the unit's modules from the store."""
     import importlib
 
-    from codeferry import _loader
+    from codeferry._runtime import loader as _loader
 
     token = spec["expected"]["digest"][7:39]
     for name in spec["modules"]:
@@ -312,8 +312,8 @@ def worker_main(spec_path: str) -> int:
     events = {"repaired": 0, "wrote": 0, "stale_cleaned": 0}
     round_dir = Path(spec["round_dir"])
     try:
-        import codeferry._loader  # noqa: F401  (the imports happen before the barrier)
-        from codeferry._store import store_root, write_unit
+        import codeferry._runtime.loader  # noqa: F401  (the imports happen before the barrier)
+        from codeferry._runtime.store import store_root, write_unit
 
         role = spec["role"]
         _trace_store(events)
@@ -359,7 +359,7 @@ def worker_main(spec_path: str) -> int:
 
 def write_torn(root: Path, unit: Any, variant: str) -> None:
     """A broken ``units/<token>`` written in place, as a killed or buggy writer leaves it."""
-    from codeferry._store import _manifest
+    from codeferry._runtime.store import _manifest
 
     final = root / "units" / unit.token
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -420,7 +420,7 @@ def corrupt_in_place(root: Path, unit: Any, rng: random.Random) -> str:
 
 def check_store(root: Path, unit: Any) -> list[str]:
     """The store after a round: the entry valid, the files on disk exactly the bytes."""
-    from codeferry._store import read_unit
+    from codeferry._runtime.store import read_unit
 
     problems = []
     got = read_unit(unit.digest, root)

@@ -34,8 +34,9 @@ def nodes() -> None:
 def _reference(model: str, kind: str, texts: list[str], cache_dir: str | None = None,
                **options: Any) -> list[Any]:
     """What a worker computes, computed here, in this process, one text at a time."""
-    from codeferry._options import ModelOptions
-    from codeferry._worker import WorkerSpec, _Engine
+    from codeferry._trust.decide.options import ModelOptions
+
+    from codeferry._exec.worker import WorkerSpec, _Engine
 
     engine = _Engine(WorkerSpec(model, ModelOptions(cache_dir=cache_dir, trust_remote_code=True),
                                 "cpu", None, 1, ()))
@@ -48,7 +49,7 @@ def _reference(model: str, kind: str, texts: list[str], cache_dir: str | None = 
 
 def _vanishing(model: str) -> str:
     """A copy of ``model`` that is deleted right after the driver shipped it."""
-    import codeferry._ray as cray
+    import codeferry._exec.ray_backend as cray
 
     copy = Path(os.environ["CF_SCRATCH"]) / f"shipped-{os.getpid()}-{Path(model).name}"
     shutil.copytree(model, copy)
@@ -122,11 +123,12 @@ def _close(a: Any, b: Any) -> bool:
 
 def locked(model: str, other: str) -> None:
     """An actor pinned to node2 given a lock for other code refuses to run this code."""
+    from codeferry._trust.decide.options import ModelOptions
+
     import codeferry
-    from codeferry._options import ModelOptions
-    from codeferry._ray import RayTransport
-    from codeferry._scheduler import Scheduler
-    from codeferry._worker import WorkerSpec
+    from codeferry._exec.ray_backend import RayTransport
+    from codeferry._exec.scheduler import Scheduler
+    from codeferry._exec.worker import WorkerSpec
 
     bundle = codeferry.resolve(model)
     lock = codeferry.Lock.from_bundle(codeferry.resolve(other))

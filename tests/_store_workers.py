@@ -32,7 +32,8 @@ def echo(engine: Any, value: Any) -> Any:
 def raise_foreign(engine: Any, model: str) -> None:
     """A compromised worker: drops its lock, loads code no lock lists, and raises an
     exception class that code defines (its reply names a module the parent does not have)."""
-    from codeferry import _policy, load
+    from codeferry import load
+    from codeferry._trust.decide import policy as _policy
 
     _policy._locked = False
     classes = load(model, trust_remote_code=True)

@@ -26,11 +26,13 @@ from typing import Any
 import pytest
 
 import codeferry
-from codeferry import _loader, _pickling, errors
-from codeferry._digest import unit_digest
-from codeferry._lockfile import Lock
-from codeferry._source import MAX_ASSET_BYTES
-from codeferry._store import Unit
+from codeferry import errors
+from codeferry._code.digest import unit_digest
+from codeferry._code.lockfile import Lock
+from codeferry._code.source import MAX_ASSET_BYTES
+from codeferry._runtime import loader as _loader
+from codeferry._runtime import pickling as _pickling
+from codeferry._runtime.store import Unit
 from codeferry.testing import ModelSpec, write_hub_model, write_model
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -192,8 +194,8 @@ def test_private_copies_of_killed_processes_are_swept(tmp_path: Path) -> None:
     script = (
         "import os, signal, sys\n"
         "from codeferry import _loader\n"
-        "from codeferry._digest import unit_digest\n"
-        "from codeferry._store import Unit\n"
+        "from codeferry._code.digest import unit_digest\n"
+        "from codeferry._runtime.store import Unit\n"
         "files = {'m.py': b'X = 1\\n'}\n"
         "unit = Unit(unit_digest(files), files, ('m',), frozenset(), 'swept')\n"
         "print(_loader.verified_dir(unit), flush=True)\n"
@@ -213,8 +215,8 @@ def test_a_forked_child_never_removes_its_parents_copy_and_the_parent_does() -> 
     script = (
         "import os, sys\n"
         "from codeferry import _loader\n"
-        "from codeferry._digest import unit_digest\n"
-        "from codeferry._store import Unit\n"
+        "from codeferry._code.digest import unit_digest\n"
+        "from codeferry._runtime.store import Unit\n"
         "files = {'m.py': b'X = 2\\n'}\n"
         "unit = Unit(unit_digest(files), files, ('m',), frozenset(), 'forked')\n"
         "folder = _loader.verified_dir(unit)\n"

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from codeferry._audit import CATEGORIES, audit, audit_bundle, audit_source, render_audit
-from codeferry._resolve import resolve
+from codeferry._code.audit.report import CATEGORIES, audit, audit_bundle, audit_source, render_audit
+from codeferry._code.resolve import resolve
 from codeferry.cli import main
 from codeferry.testing import ModelSpec, demo_model_path, write_hub_model, write_model
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from codeferry._automap import ClassRef, parse_auto_maps, parse_reference
+from codeferry._code.automap import ClassRef, parse_auto_maps, parse_reference
 from codeferry.errors import InvalidAutoMapError, ShadowingModuleError, UnsafePathError
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from codeferry import errors
-from codeferry._resolve import resolve
+from codeferry._code.resolve import resolve
 from codeferry.cli import main
 
 CONFIG = '{"model_type": "x", "auto_map": {"AutoConfig": "configuration_x.XConfig"}}'

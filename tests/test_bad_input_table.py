@@ -13,8 +13,8 @@ import pytest
 
 import codeferry
 from codeferry import errors
-from codeferry._lockfile import Lock
-from codeferry._store import read_unit, store_root
+from codeferry._code.lockfile import Lock
+from codeferry._runtime.store import read_unit, store_root
 from codeferry.cli import main
 from codeferry.testing import ModelSpec, write_model
 
@@ -129,7 +129,8 @@ def test_bad_input_row(row: str, tmp_path: Path, capsys: pytest.CaptureFixture[s
 def test_corrupted_store_entry_is_rebuilt_when_the_bytes_are_at_hand_else_refused(
     tmp_path: Path,
 ) -> None:
-    from codeferry import _loader, _pickling
+    from codeferry._runtime import loader as _loader
+    from codeferry._runtime import pickling as _pickling
 
     path = model(tmp_path)
     classes = codeferry.load(path, trust_remote_code=True)
@@ -143,7 +144,7 @@ def test_corrupted_store_entry_is_rebuilt_when_the_bytes_are_at_hand_else_refuse
     with pytest.raises(errors.CodeUnavailableError):
         _pickling._arrive_ref("transformers_modules.corrupted.entry", token)
     # rebuilt by a process that has the verified bytes
-    from codeferry._store import write_unit
+    from codeferry._runtime.store import write_unit
 
     write_unit(_loader.registered(package).unit)  # type: ignore[union-attr]
     assert read_unit(token) is not None

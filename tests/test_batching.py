@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from codeferry._batching import estimate_tokens, fixed_batches, padding_waste, plan_batches
+from codeferry._exec.batching import estimate_tokens, fixed_batches, padding_waste, plan_batches
 
 LENGTHS = st.lists(st.integers(min_value=1, max_value=300), max_size=200)
 BUDGET = st.integers(min_value=1, max_value=4096)

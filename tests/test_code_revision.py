@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 import codeferry
 from codeferry import cli
-from codeferry._run import record_path
+from codeferry._commands.run import record_path
 from codeferry.testing import ModelSpec, write_hub_model
 
 FORK: dict[str, Any] = {"workers": 1, "start_method": "fork", "trust_remote_code": True}

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 import codeferry
-from codeferry import _scheduler, _version, cli
+from codeferry import _version, cli
+from codeferry._exec import scheduler as _scheduler
 from codeferry.testing import ModelSpec, write_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +42,7 @@ def test_every_logger_is_named_after_its_module() -> None:
     # logger, so they show in vLLM's output format, where vLLM says "Cannot find model module".
     calls = [(name, arg) for name, arg in calls if (name, arg) != ("_vllm.py", "'vllm.codeferry'")]
     assert calls and all(arg == "__name__" for _, arg in calls), calls
-    assert _scheduler.logger.name == "codeferry._scheduler"
+    assert _scheduler.logger.name == "codeferry._exec.scheduler"
     parent = logging.getLogger("codeferry")  # configuring it configures every module's logger
     assert _scheduler.logger.parent is parent
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from codeferry._resolve import resolve
+from codeferry._code.resolve import resolve
 from codeferry.cli import main
 
 CHAIN = 1000

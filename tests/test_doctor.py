@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from codeferry._doctor import doctor
+from codeferry._commands.doctor import doctor
 from codeferry.cli import main
 from codeferry.errors import CodeUnavailableError, RemoteCodeExecutionError, RemoteTraceback
 from codeferry.testing import ModelSpec, write_model

@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from codeferry import errors
-from codeferry._resolve import Bundle, resolve
+from codeferry._code.resolve import Bundle, resolve
 from codeferry.cli import main
 
 MODULE_FILES = [

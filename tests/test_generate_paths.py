@@ -15,7 +15,7 @@ import pytest
 
 import codeferry
 from codeferry import cli
-from codeferry._scheduler import Call
+from codeferry._exec.scheduler import Call
 from codeferry.testing import ModelSpec, write_model
 
 PROMPTS = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9 w10 w11 w12 w13 w14 w15", "w16 w17", "w3 w9 w27 w81",
@@ -120,7 +120,7 @@ def test_an_unknown_generate_path_is_refused_before_any_worker_starts(llama: Pat
 
 
 def test_doctor_says_which_path_a_model_takes(llama: Path) -> None:
-    from codeferry._doctor import doctor, render_doctor
+    from codeferry._commands.doctor import doctor, render_doctor
 
     works = doctor(str(llama), workers=1, start_method="fork")
     assert works.workers[0].checks["generate_path"] == {
@@ -141,7 +141,7 @@ def test_lighter_min_new_tokens_gives_transformers_tokens(llama: Path, sample: b
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from codeferry._generation import lighter_min_new_tokens
+    from codeferry._exec.generation import lighter_min_new_tokens
 
     model = AutoModelForCausalLM.from_pretrained(llama).eval()
     tok = AutoTokenizer.from_pretrained(llama, padding_side="left")
@@ -172,7 +172,7 @@ def test_lighter_min_new_tokens_gives_transformers_tokens(llama: Path, sample: b
 def test_lighter_min_new_tokens_leaves_what_it_cannot_match(llama: Path) -> None:
     from transformers import GenerationConfig
 
-    from codeferry._generation import lighter_min_new_tokens
+    from codeferry._exec.generation import lighter_min_new_tokens
 
     config = GenerationConfig(eos_token_id=2)
     for options in ({"max_new_tokens": 4}, {"min_new_tokens": 0},

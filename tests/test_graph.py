@@ -7,7 +7,7 @@ import ast
 from hypothesis import given
 from hypothesis import strategies as st
 
-from codeferry._graph import RelativeImport, find_cycle, load_order, resolve_relative, scan
+from codeferry._code.graph import RelativeImport, find_cycle, load_order, resolve_relative, scan
 
 SOURCE = '''
 """Example: from .not_a_module import X"""

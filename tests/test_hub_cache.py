@@ -24,7 +24,7 @@ import transformers.modeling_utils  # noqa: F401
 
 import codeferry
 from codeferry import cli
-from codeferry._run import record_path
+from codeferry._commands.run import record_path
 from codeferry.errors import UnsafePathError
 from codeferry.testing import ModelSpec, write_hub_model
 

@@ -50,15 +50,15 @@ def test_importing_codeferry_changes_nothing_and_load_installs_what_it_needs() -
         import cloudpickle  # imported first: codeferry would patch it at once
         import torch  # noqa: F401  (torch registers reducers of its own at import)
         before = state()
-        import codeferry, codeferry.cli, codeferry._run, codeferry._executor, codeferry.testing
+        import codeferry, codeferry.cli, codeferry._commands.run, codeferry._exec.executor, codeferry.testing
         imported = state()
         codeferry.load(sys.argv[1], trust_remote_code=True)
         print(json.dumps({"before": before, "imported": imported, "loaded": state()}))
     """, str(DEMO))
     assert seen["imported"] == seen["before"]
     loaded = seen["loaded"]
-    assert "codeferry._loader._Finder" in loaded["meta_path"]
-    assert "codeferry._pickling._PostImportHook" in loaded["meta_path"]
+    assert "codeferry._runtime.loader._Finder" in loaded["meta_path"]
+    assert "codeferry._runtime.pickling._PostImportHook" in loaded["meta_path"]
     assert loaded["cloudpickle_patched"] and not seen["before"]["cloudpickle_patched"]
 
 
@@ -73,7 +73,7 @@ def test_cloudpickle_imported_after_codeferry_is_left_alone_until_install() -> N
     assert not any(f.startswith("codeferry.") for f in seen["untouched"]["meta_path"])
     installed = seen["installed"]
     assert installed["cloudpickle_patched"]
-    assert {"codeferry._loader._Finder", "codeferry._pickling._PostImportHook"} <= set(
+    assert {"codeferry._runtime.loader._Finder", "codeferry._runtime.pickling._PostImportHook"} <= set(
         installed["meta_path"])
 
 
@@ -89,6 +89,6 @@ def test_an_unpickled_ticket_installs_what_it_needs() -> None:
         print(json.dumps({"before": before, "after": after, "module": type(config).__module__}))
     """, blob.hex())
     assert not any(f.startswith("codeferry.") for f in seen["before"]["meta_path"])
-    assert "codeferry._loader._Finder" in seen["after"]["meta_path"]
+    assert "codeferry._runtime.loader._Finder" in seen["after"]["meta_path"]
     assert seen["after"]["cloudpickle_patched"]
     assert seen["module"] == type(config).__module__

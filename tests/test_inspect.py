@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from codeferry import errors
-from codeferry._resolve import Bundle, resolve
+from codeferry._code.resolve import Bundle, resolve
 from codeferry.cli import main
 from codeferry.errors import OptionalModuleMissing
 from codeferry.testing import HELPER_KINDS, ModelSpec, write_hub_model, write_model

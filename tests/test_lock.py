@@ -8,11 +8,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import codeferry._trust.decide.options as _options
 import pytest
 
 import codeferry
-import codeferry._options as _options
-from codeferry._lockfile import Lock, read_lock
+from codeferry._code.lockfile import Lock, read_lock
 from codeferry.cli import main
 from codeferry.errors import LockFormatError, LockMismatchError, TrustRequiredError
 from codeferry.testing import ModelSpec, write_model
@@ -147,8 +147,8 @@ end
 
 
 def lock_text(**kw: str) -> str:
-    from codeferry._digest import bundle_digest
-    from codeferry._lockfile import LockedFile
+    from codeferry._code.digest import bundle_digest
+    from codeferry._code.lockfile import LockedFile
 
     sha = "ab" * 32
     digest = kw.pop("digest", bundle_digest([LockedFile(None, "a.py", sha, 3)]))

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import codeferry
-from codeferry._lockfile import Lock
+from codeferry._code.lockfile import Lock
 from codeferry.cli import main
 from codeferry.errors import DeviceError, LockMismatchError, MainGuardError
 from codeferry.testing import ModelSpec, write_model
@@ -212,7 +212,7 @@ STARTS = {
                   "trust_remote_code=True)",
     "warm": "codeferry.Executor({demo!r}, workers=1, start_method='fork', warm=True, "
             "trust_remote_code=True)",  # fork workers, but from a spawned zygote
-    "doctor": "__import__('codeferry._doctor', fromlist=['doctor']).doctor({demo!r}, trust_remote_code=True, "
+    "doctor": "__import__('codeferry._commands.doctor', fromlist=['doctor']).doctor({demo!r}, trust_remote_code=True, "
               "workers=1, start_method='spawn')",
 }
 

@@ -24,6 +24,6 @@ def test_without_ray_the_ray_backend_names_the_extra(
 
 
 def test_the_local_executor_never_imports_ray() -> None:
-    code = ("import sys, codeferry, codeferry._executor, codeferry._scheduler, "
-            "codeferry._transport; assert 'ray' not in sys.modules, 'ray imported'")
+    code = ("import sys, codeferry, codeferry._exec.executor, codeferry._exec.scheduler, "
+            "codeferry._exec.transport; assert 'ray' not in sys.modules, 'ray imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from codeferry import cli
-from codeferry._run import lock_path, run
+from codeferry._commands.run import lock_path, run
 from codeferry.errors import OutputError, OutputLockError
 
 DEMO = Path(cli._demo())
@@ -29,7 +29,7 @@ PROMPTS = DEMO / "prompts.txt"
 HOLDER = textwrap.dedent("""
     import multiprocessing, os, sys, time
     from pathlib import Path
-    from codeferry._run import _Sink, read_inputs
+    from codeferry._commands.run import _Sink, read_inputs
 
     sink = _Sink(Path(sys.argv[1]), sys.stdout)
     sink.open(read_inputs(sys.argv[2]), "generate")

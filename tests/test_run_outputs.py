@@ -16,7 +16,7 @@ import torch  # noqa: F401
 import transformers.modeling_utils  # noqa: F401
 
 from codeferry import cli
-from codeferry._run import run
+from codeferry._commands.run import run
 
 DEMO = Path(cli._demo())
 PROMPTS = DEMO / "prompts.txt"

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from codeferry._digest import unit_digest
-from codeferry._store import Unit, read_unit, write_unit
+from codeferry._code.digest import unit_digest
+from codeferry._runtime.store import Unit, read_unit, write_unit
 from codeferry.errors import StorePermissionError, StoreUnavailableError
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "codeferry"

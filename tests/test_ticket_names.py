@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from codeferry import _loader, _pickling
-from codeferry._digest import unit_digest
-from codeferry._store import Unit, write_unit
+from codeferry._code.digest import unit_digest
+from codeferry._runtime import loader as _loader
+from codeferry._runtime import pickling as _pickling
+from codeferry._runtime.store import Unit, write_unit
 from codeferry.errors import TicketPackageError
 
 FILES = {"__init__.py": b"", "evil.py": b"HIJACKED = True\n"}

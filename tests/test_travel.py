@@ -186,7 +186,7 @@ def test_install_makes_plain_transformers_objects_travel(
 
 def test_install_adopts_model_modules_only(tmp_path: Path) -> None:
     """transformers' own holder packages (``transformers_modules.<model>``) are not units."""
-    from codeferry import _loader
+    from codeferry._runtime import loader as _loader
 
     name = f"t{next(_count)}"
     path = write_model(tmp_path / name, ModelSpec(name=name))

@@ -48,7 +48,7 @@ def vllm_python() -> str:
         capture_output=True, text=True, timeout=TIMEOUT, env=_env(None))
     assert probe.returncode == 0, f"{python} cannot import vllm:\n{probe.stderr[-3000:]}"
     plugins = json.loads(probe.stdout.strip().splitlines()[-1])
-    assert "codeferry._vllm:register" in plugins, (
+    assert "codeferry._install.vllm:register" in plugins, (
         f"codeferry is not installed into {python} (its entry points: {plugins}): "
         f"`{python} -m pip install -e {HERE.parent}`")
     return python

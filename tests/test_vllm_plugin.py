@@ -1,6 +1,6 @@
 """The ``vllm.general_plugins`` entry point, without vLLM: what it does in one process.
 
-vLLM calls ``codeferry._vllm:register`` in each of its processes; each case here is a
+vLLM calls ``codeferry._install.vllm:register`` in each of its processes; each case here is a
 fresh spawned process that does the same, then calls transformers the way vLLM does
 (``AutoConfig.from_pretrained``, ``get_class_from_dynamic_module``). The run inside real
 vLLM is ``tests/test_vllm.py``.
@@ -48,7 +48,7 @@ def plugin_child(remote: str, broken: str, plain: str) -> dict[str, Any]:
     import transformers.dynamic_module_utils as dmu
     from transformers import AutoConfig
 
-    from codeferry import _vllm
+    from codeferry._install import vllm as _vllm
 
     out: dict[str, Any] = {}
     log = _Records("vllm.codeferry")
@@ -85,7 +85,8 @@ def locked_child(lock: str, other: str, locked_model: str) -> dict[str, Any]:
 
     from transformers import AutoConfig
 
-    from codeferry import _policy, _vllm
+    from codeferry._install import vllm as _vllm
+    from codeferry._trust.decide import policy as _policy
     from codeferry.errors import LockFormatError, LockMismatchError
 
     out: dict[str, Any] = {}

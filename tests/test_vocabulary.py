@@ -14,7 +14,7 @@ import transformers.modeling_utils  # noqa: F401
 
 import codeferry
 from codeferry import cli
-from codeferry._run import record_path, run
+from codeferry._commands.run import record_path, run
 from codeferry.errors import DTypeError, ModelNotFoundError, ResumeMismatchError
 from codeferry.testing import ModelSpec, write_hub_model
 

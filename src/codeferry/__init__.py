@@ -7,11 +7,11 @@ module whose name starts with ``_`` is private.
 from __future__ import annotations
 
 from . import errors
-from ._adopt import install, uninstall
-from ._api import LoadResult, load
-from ._executor import Executor, Outcome
-from ._lockfile import Lock, read_lock
-from ._resolve import Bundle, resolve
+from ._code.lockfile import Lock, read_lock
+from ._code.resolve import Bundle, resolve
+from ._exec.executor import Executor, Outcome
+from ._install.adopt import install, uninstall
+from ._load import LoadResult, load
 from ._version import package_version
 
 #: From the package metadata (``pyproject.toml``'s ``version``, the one place it is written).

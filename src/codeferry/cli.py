@@ -26,9 +26,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeAlias
 
-from ._options import ModelOptions
-from ._render import render_dot, render_report
-from ._resolve import Bundle
+from ._code.resolve import Bundle
+from ._commands.render import render_dot, render_report
+from ._trust.options import ModelOptions
 from ._version import package_version
 from .errors import (
     CodeferryError,
@@ -156,7 +156,7 @@ def _cmd_lock(args: argparse.Namespace) -> int:
 
     Static: executes nothing. See the README for the format.
     """
-    from ._lockfile import Lock
+    from ._code.lockfile import Lock
 
     bundle = _bundle(args)
     bundle.check_classes()  # refused only when no class can load
@@ -177,7 +177,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
     Static: executes nothing.
     """
-    from ._lockfile import read_lock
+    from ._code.lockfile import read_lock
 
     lock = read_lock(args.lock)
     model = args.model or _demo()
@@ -205,7 +205,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     Executes the model's code here and in every worker: needs --trust-remote-code or
     --lock (except for the bundled demo).
     """
-    from ._doctor import doctor, render_doctor
+    from ._commands.doctor import doctor, render_doctor
 
     report = doctor(args.model or _demo(), workers=args.workers, start_method=args.start_method,
                     backend=args.backend, address=args.address, **_options(args).keywords())
@@ -218,7 +218,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
     Static analysis of a model's remote code, by category. Executes nothing.
     """
-    from ._audit import CATEGORIES, audit_bundle, render_audit
+    from ._code.audit.report import CATEGORIES, audit_bundle, render_audit
 
     fail_on = [c.strip() for text in args.fail_on for c in text.split(",") if c.strip()]
     unknown = sorted(set(fail_on) - set(CATEGORIES))
@@ -241,7 +241,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     arguments, runs the bundled demo model on its prompts and prints JSONL. Exit 0:
     every input has a result; 1: some failed (error lines) or an error; 2: usage.
     """
-    from ._run import run
+    from ._commands.run import run
 
     if args.pooling is not None and args.task != "embed":
         raise UsageError("--pooling applies to --task embed only")

@@ -1,0 +1,113 @@
+"""What a model's code can do beyond computing: ``codeferry audit``.
+
+Pure ``ast`` over the exact bytes ``resolve`` hashed (``Bundle.contents``): nothing is
+imported or executed. Every finding names a category, a place (file, line, column), the
+code, and why it matters:
+
+* ``process``: runs programs or processes (``subprocess``, ``os.system``, ``os.exec*``,
+  ``os.spawn*``, ``os.fork``, ``pty``, multiprocessing workers);
+* ``network``: talks to the network (``socket``, ``requests``, ``urllib.request``,
+  ``http.client``, ``httpx``, ``aiohttp``, Hub downloads, ``from_pretrained``, ``torch.hub``);
+* ``dynamic-code``: runs code that is not in these files (``eval``, ``exec``, ``compile``,
+  ``__import__``, ``importlib``, ``runpy``, another repo's remote code);
+* ``native-code``: loads or builds native code (``ctypes``, ``cffi``,
+  ``torch.utils.cpp_extension``, ``torch.ops.load_library``, compilers run as programs,
+  shared library names);
+* ``file-write``: writes, moves or deletes files outside the module's own folder (a
+  target built from ``Path(__file__).parent`` and constant names without ``..`` is inside;
+  so is what a ``save_pretrained``/``save_vocabulary`` hook writes into the folder its
+  caller passes);
+* ``unpickle``: deserialises objects that can run code (``pickle``, ``dill``, ``joblib``,
+  ``torch.load`` without ``weights_only=True``, ``numpy.load(allow_pickle=True)``,
+  ``marshal``, ``yaml.load`` without a safe loader);
+* ``environment``: changes the process for everyone (``os.environ`` writes, ``sys.path``,
+  ``sys.modules``, ``os.chdir``, signal handlers, patching ``builtins``, the standard
+  library or transformers).
+
+Names are resolved through imports and simple assignments in every scope
+(``import subprocess as sp``, ``from os import system``, ``run = sp.run``,
+``getattr(os, "system")``, ``__import__("os")``, ``importlib.import_module("os")``,
+``sys.modules["os"]``, ``from subprocess import *``). Static analysis cannot see
+everything (a name built at run time); ``dynamic-code`` findings mark where that happens.
+"""
+
+
+from __future__ import annotations
+
+import ast
+import os
+
+from ..automap import qualified
+from ..resolve import Bundle, resolve
+from .findings import CATEGORIES, AuditReport, Finding
+from .visitor import Auditor
+
+__all__ = ["CATEGORIES", "AuditReport", "Finding", "audit", "audit_bundle", "audit_source",
+           "render_audit"]  # fmt: skip
+
+
+def audit_source(text: str, *, path: str, repo: str | None = None) -> list[Finding]:
+    """Findings of one module's source (raises ``SyntaxError``, ``RecursionError``...)."""
+    tree = ast.parse(text, filename=path)
+    auditor = Auditor(text, repo, path, tree)
+    auditor.visit(tree)
+    return sorted(auditor.findings.values(), key=lambda f: (f.line, f.col, CATEGORIES.index(f.category)))
+
+
+def audit_bundle(bundle: Bundle) -> AuditReport:
+    """Audit every Python file of a resolved model (its hashed bytes; nothing is executed)."""
+    findings: list[Finding] = []
+    skipped: list[tuple[str, str]] = []
+    for (repo, path), data in sorted(bundle.contents.items(), key=lambda item: (item[0][0] or "", item[0][1])):
+        if not path.endswith(".py"):
+            continue  # assets: data the code reads
+        shown = qualified(repo, path)
+        try:
+            text = data.decode("utf-8")
+            findings += audit_source(text, path=path, repo=repo)
+        except UnicodeDecodeError:
+            skipped.append((shown, "not UTF-8"))
+        except SyntaxError as exc:
+            skipped.append((shown, f"not valid Python (line {exc.lineno}), so it cannot run either"))
+        except (RecursionError, MemoryError):
+            skipped.append((shown, "nested too deeply to analyse"))
+        except ValueError as exc:  # e.g. null bytes, on Pythons that report them so
+            skipped.append((shown, f"not valid Python ({exc})"))
+    return AuditReport(bundle.origin.name, bundle.digest, tuple(findings), tuple(skipped))
+
+
+def audit(model: str | os.PathLike[str], *, revision: str | None = None,
+          cache_dir: str | os.PathLike[str] | None = None) -> AuditReport:
+    """What the remote code of ``model`` can do beyond computing. Executes nothing.
+
+    ``model`` is a folder or a repo id in the local hub cache, as for ``resolve``; its
+    errors (``codeferry.errors``) propagate.
+    """
+    return audit_bundle(resolve(model, revision=revision, cache_dir=cache_dir))
+
+
+def render_audit(report: AuditReport) -> str:
+    """The human form of ``codeferry audit``: findings grouped by category, with counts."""
+    files = {f.file for f in report.findings}
+    total = len(report.findings)
+    out = [
+        f"model    {report.model}",
+        f"digest   {report.digest}",
+        f"findings {total} in {len(files)} file{'s' if len(files) != 1 else ''} "
+        "(static analysis: nothing was executed)" if total else
+        "findings none found (static analysis: nothing was executed)",
+    ]
+    counts = report.counts
+    for category in CATEGORIES:
+        if not counts[category]:
+            out.append(f"{category}: none found")
+            continue
+        out.append(f"{category} ({counts[category]})")
+        for f in report.findings:
+            if f.category == category:
+                out.append(f"  {f.location}: {f.code}")
+                out.append(f"      {f.reason}")
+    if report.skipped:
+        out.append("not audited")
+        out += [f"  {file}: {why}" for file, why in report.skipped]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,1 @@
+"""What the command line runs: ``run``, ``doctor`` and the renderers of ``inspect``."""

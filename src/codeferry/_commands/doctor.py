@@ -1,0 +1,246 @@
+"""``codeferry doctor``: prove, with real workers, that a model's code survives the trip.
+
+The parent loads the model, builds its config and sends it to N fresh workers of the
+chosen start method (or Ray actors, one per node where it can), exactly as an engine would. Each worker unpickles the config,
+loads every ``auto_map`` class, checks that the config's class is the one its own
+process resolves, and builds each model class from the config (random weights).
+
+The config travels as bytes that the worker unpickles itself, inside ``try``: a worker
+that cannot materialize the code reports the typed error with its traceback, instead of
+dying while multiprocessing unpickles its arguments (which a pool reports as a bare
+``BrokenProcessPool``, or not at all).
+"""
+
+from __future__ import annotations
+
+import pickle
+import queue
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .._code.lockfile import Lock
+from .._exec.checks import check_main_guard
+from .._exec.transport import Event, LocalTransport, Transport
+from .._exec.worker import WorkerSpec
+from .._load import load_pinned
+from .._trust.options import ModelOptions
+from ..errors import CodeferryError, RemoteTraceback, WorkerError
+
+__all__ = ["StartMethod", "WorkerReport", "DoctorReport", "doctor"]
+
+StartMethod = Literal["spawn", "forkserver", "fork"]
+
+
+@dataclass
+class WorkerReport:
+    """What one worker found: ``error`` is ``None`` when it succeeded."""
+
+    worker: int
+    pid: int | None = None
+    seconds: float | None = None
+    checks: dict[str, Any] = field(default_factory=dict)
+    error: BaseException | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"worker": self.worker, "ok": self.ok, "pid": self.pid,
+                               "seconds": self.seconds, "checks": self.checks}
+        if self.error is not None:
+            cause = self.error.__cause__
+            out["error"] = {
+                "type": type(self.error).__name__,
+                "message": str(self.error),
+                "traceback": str(cause) if isinstance(cause, RemoteTraceback) else None,
+            }
+        return out
+
+
+@dataclass
+class DoctorReport:
+    model: str
+    digest: str
+    start_method: str
+    workers: list[WorkerReport]
+
+    @property
+    def ok(self) -> bool:
+        return all(w.ok for w in self.workers)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "digest": self.digest, "start_method": self.start_method,
+                "ok": self.ok, "workers": [w.to_json() for w in self.workers]}
+
+
+def doctor_checks(worker: Any, config_bytes: bytes) -> dict[str, Any]:
+    """Runs in each worker, after it loaded and verified the code (strictly: every class).
+
+    The config arrives as bytes unpickled here, inside the worker's error handling, so a
+    worker that cannot materialize it reports the typed error with its traceback.
+    """
+    spec = worker.spec
+    config = pickle.loads(config_bytes)
+    classes = load_pinned(spec.code or spec.model, spec.digest, spec.options, strict=True)
+    worker.classes = classes
+    config_cls = classes.get("AutoConfig")
+    checks: dict[str, Any] = {"config_class_is_loaded_class": type(config) is config_cls,
+                              "classes": sorted(classes)}
+    built = []
+    for key, cls in sorted(classes.items()):
+        if key.startswith("AutoModel") and isinstance(cls, type) and config_cls is not None:
+            model_obj = cls(config)
+            if model_obj.config_class is not type(config):
+                raise TypeError(f"{cls.__name__}.config_class is not the config's class")
+            built.append(key)
+            if key == "AutoModelForCausalLM":
+                checks["generate_path"] = _generate_path(model_obj)
+    checks["models_built"] = built
+    if "generate_path" not in checks:  # a plain architecture: transformers' own class
+        causal = _plain_causal_lm(config)
+        if causal is not None:
+            checks["generate_path"] = _generate_path(causal)
+    if config_cls is not None and type(config) is not config_cls:
+        raise TypeError("the received config is not an instance of the loaded config class")
+    return checks
+
+
+def _plain_causal_lm(config: Any) -> Any:
+    """transformers' own causal LM for ``config`` (random weights), or ``None``."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]  # untyped upstream
+    except (ValueError, KeyError, TypeError):  # no causal head for this config
+        return None
+
+
+def _generate_path(model: Any) -> dict[str, str]:
+    """Whether continuous batching works for this architecture (a greedy probe on the
+    random weights), and the path an executor worker takes on CPU and on an accelerator."""
+    from .._exec.generation import choose_path
+
+    path, reason = choose_path(model.eval(), "continuous", "cpu", None)
+    return {"cpu": "batched", "accelerator": path, "reason": reason.rstrip(":")}
+
+
+def doctor(
+    model: str,
+    *,
+    trust_remote_code: bool = False,
+    workers: int = 2,
+    start_method: StartMethod = "spawn",
+    revision: str | None = None,
+    lock: Lock | str | None = None,
+    timeout: float = 300.0,
+    cache_dir: str | None = None,
+    backend: Literal["local", "ray"] = "local",
+    address: str | None = None,
+    token: str | bool | None = None,
+    local_files_only: bool | None = None,
+    code_revision: str | None = None,
+) -> DoctorReport:
+    """Load ``model`` here, send its config to ``workers`` fresh workers, report each.
+
+    The workers are the executor's own (``_transport``): local processes of
+    ``start_method``, or Ray actors (``backend="ray"``), which also report their node and
+    how the code reached it. A repo id the cache lacks has its code downloaded first
+    (``token``, ``local_files_only`` as for ``load``): the doctor loads classes and
+    configs, never weights. Trust is ``_trust.decide``'s, as for ``run``: the bundled demo
+    needs neither ``trust_remote_code`` nor a ``lock``. ``code_revision`` as for
+    ``Executor``: that revision's classes build ``revision``'s config.
+    """
+    from transformers import AutoConfig
+
+    options = ModelOptions.of(locals())
+    if backend == "local":
+        check_main_guard(start_method)  # a worker would die bootstrapping, with exit code 1
+    bundle = options.resolve_code(model)
+    configs = options.locate_model(model, bundle, need="code")
+    decided = options.for_workers(options.decide(bundle, demo=True))
+    # strict: the doctor's verdict covers every class, so one that cannot load fails it.
+    classes = load_pinned(bundle.origin.root, bundle.digest, decided, strict=True)
+    # The config of ``revision``, built by the class of the code loaded (code_revision's).
+    config_class: Any = AutoConfig if options.own_code else classes.get("AutoConfig",
+                                                                        AutoConfig)
+    config = config_class.from_pretrained(str(configs.root))
+    transport: Transport
+    if backend == "ray":
+        from .._exec.ray_backend import RayTransport
+
+        transport = RayTransport(bundle, address=address,
+                                 model=None if options.own_code else configs)
+    else:
+        transport = LocalTransport(start_method)
+    spec = WorkerSpec(str(configs.root), decided, "cpu", None, 1, (), bundle.digest, serve=False,
+                      code=None if options.own_code else str(bundle.origin.root))
+    request = transport.pack((doctor_checks, (transport.pack(config),), {}))
+    events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+    channels = [transport.start(index, spec, events.put) for index in range(workers)]
+    reports = {index: WorkerReport(index) for index in range(workers)}
+    started = {index: time.perf_counter() for index in range(workers)}
+    deadline = time.monotonic() + timeout
+    try:
+        while any(r.seconds is None and r.error is None for r in reports.values()):
+            try:
+                event = events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                for report in reports.values():
+                    if report.seconds is None and report.error is None:
+                        report.error = WorkerError(
+                            f"worker {report.worker} timed out before reporting.",
+                            worker=report.worker, fix="run again with --debug.")
+                break
+            report = reports[event.channel.slot]
+            if report.seconds is not None or report.error is not None:
+                continue
+            report.pid = event.channel.pid
+            if event.kind == "ready":
+                report.checks["worker"] = {k: v for k, v in event.body.items()
+                                           if k in ("node_ip", "node_id", "ferry")}
+                event.channel.send(0, "rpc", request)
+            elif event.kind == "reply":
+                _, ok, value = event.body
+                if ok:
+                    report.checks = {**value, **report.checks}
+                    report.seconds = time.perf_counter() - started[report.worker]
+                else:
+                    report.error = value
+            elif event.kind == "failed":
+                report.error = event.body
+            else:
+                report.error = WorkerError(
+                    f"worker {report.worker} ({event.channel.where}) {event.body[0] if isinstance(event.body, tuple) else event.body} "
+                    "before reporting.", worker=report.worker,
+                    fix="run again with --debug; a segfault or the OOM killer leaves no traceback.")
+    finally:
+        for channel in channels:
+            channel.stop(5.0)
+        transport.close()
+    how = "ray" if backend == "ray" else start_method
+    return DoctorReport(bundle.origin.name, bundle.digest, how, list(reports.values()))
+
+
+def render_doctor(report: DoctorReport) -> str:
+    lines = [f"model    {report.model}", f"digest   {report.digest}",
+             f"workers  {len(report.workers)} ({report.start_method})"]
+    for w in report.workers:
+        node = w.checks.get("worker", {}).get("node_ip")
+        at = f" on node {node}" if node else ""
+        if w.ok:
+            built = ", ".join(w.checks.get("models_built", [])) or "no model classes"
+            lines.append(f"  worker {w.worker}  ok     {w.seconds or 0:.2f}s  built {built}{at}")
+            gen = w.checks.get("generate_path")
+            if gen:
+                lines.append(f"    generate: {gen['cpu']} on cpu, {gen['accelerator']} on an "
+                             f"accelerator ({gen['reason']})")
+        else:
+            err = w.error
+            kind = type(err).__name__
+            lines.append(f"  worker {w.worker}  FAILED {kind}: {err}")
+            if isinstance(err, CodeferryError) is False and err is not None and err.__cause__:
+                lines.append("    " + str(err.__cause__).strip().splitlines()[-1])
+    lines.append("ok" if report.ok else "FAILED")
+    return "\n".join(lines) + "\n"

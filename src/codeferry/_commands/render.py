@@ -1,0 +1,114 @@
+"""Text for people: the ``inspect`` report as a readable tree, and the graph as DOT."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from .._code.automap import qualified
+from .._code.resolve import Bundle
+
+__all__ = ["render_report", "render_dot"]
+
+
+def _size(n: int) -> str:
+    return f"{n} B" if n < 1024 else f"{n / 1024:.1f} KiB"
+
+
+def render_report(bundle: Bundle) -> str:
+    """The human form of ``codeferry inspect``."""
+    out: list[str] = []
+    src = bundle.origin
+    out.append(f"model    {src.name}")
+    if src.repo_id:
+        out.append(f"folder   {src.root}")
+    out.append(f"digest   {bundle.digest}")
+    for repo, commit in sorted(bundle.pins.items()):
+        out.append(f"pinned   {repo}@{commit}")
+
+    out.append("classes")
+    by_file: dict[str, dict[str, list[str | None]]] = defaultdict(dict)
+    pairs: set[tuple[str, str]] = set()
+    blocked: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for ref in bundle.classes:
+        for problem in bundle.problems_for(ref):
+            why = f"{type(problem).__name__} at {problem.location or ref.reference}"
+            if why not in blocked[(ref.declared_in, ref.key)]:
+                blocked[(ref.declared_in, ref.key)].append(why)
+        slots = by_file[ref.declared_in].setdefault(ref.key, [])
+        if ref.slot is None:
+            slots.append(ref.reference)
+        else:
+            pairs.add((ref.declared_in, ref.key))
+            slots.extend([None] * (ref.slot + 1 - len(slots)))
+            slots[ref.slot] = ref.reference
+    for declared_in, keys in by_file.items():
+        out.append(f"  {declared_in}")
+        width = max(len(k) for k in keys)
+        rows = []
+        for key, refs in keys.items():
+            if (declared_in, key) in pairs:
+                refs = refs + [None] * (2 - len(refs))
+                shown = "[" + ", ".join("null" if r is None else r for r in refs) + "]"
+            else:
+                shown = str(refs[0])
+            reasons = blocked.get((declared_in, key))
+            rows.append((key, shown, "blocked: " + "; ".join(reasons) if reasons else "ok"))
+        shown_width = max(len(shown) for _, shown, _ in rows)
+        for key, shown, state in rows:
+            out.append(f"    {key:<{width}}  {shown:<{shown_width}}  {state}")
+
+    total = sum(f.size for f in bundle.files)
+    out.append(f"files ({len(bundle.files)}, {_size(total)})")
+    width = max((len(f.path) + (len(f.repo) + 2 if f.repo else 0) for f in bundle.files), default=0)
+    for f in bundle.files:
+        name = qualified(f.repo, f.path)
+        tag = "" if f.kind == "module" else f"  ({f.kind})"
+        out.append(f"  {name:<{width}}  {_size(f.size):>9}  sha256:{f.sha256[:12]}{tag}")
+
+    deps: dict[str, list[str]] = defaultdict(list)
+    for importer, imported, deferred in bundle.edges:
+        if importer.startswith(imported + "."):
+            continue  # a submodule's own package: not an import statement
+        deps[importer].append(imported + (" (in a function)" if deferred else ""))
+    out.append("load order (dependencies first)")
+    for index, name in enumerate(bundle.load_order, start=1):
+        out.append(f"  {index:>2}. {name}")
+        if deps[name]:
+            out.append(f"      imports {', '.join(sorted(deps[name]))}")
+
+    out.append("requirements")
+    if not bundle.requirements:
+        out.append("  none beyond the standard library")
+    for req in bundle.requirements:
+        state = f"{req.version or 'installed'}" if req.installed else "MISSING"
+        guard = "  guarded" if req.guarded else ""
+        out.append(f"  {req.name:<16} {state}{guard}")
+        for use in req.uses:
+            out.append(f"      {use}")
+
+    out.append("problems")
+    if not bundle.problems:
+        out.append("  none")
+    for problem in bundle.problems:
+        level = "error" if problem.blocking else "note"
+        out.append(f"  {level}: {problem}")
+    return "\n".join(out) + "\n"
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def render_dot(bundle: Bundle) -> str:
+    """The import graph: modules as boxes, ``auto_map`` modules bold, deferred edges dashed."""
+    named = {qualified(c.repo, c.module) for c in bundle.classes}
+    lines = ["digraph codeferry {", "  rankdir=LR;", "  node [shape=box, fontname=Helvetica];"]
+    for module in bundle.modules:
+        style = ', style=bold' if module.qualified in named else ""
+        label = module.path or module.name + "/"
+        lines.append(f"  {_quote(module.qualified)} [label={_quote(label)}{style}];")
+    for importer, imported, deferred in bundle.edges:
+        style = " [style=dashed]" if deferred else ""
+        lines.append(f"  {_quote(importer)} -> {_quote(imported)}{style};")
+    lines.append("}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,368 @@
+"""The executor: batch inference of one model across workers that survive crashes.
+
+::
+
+    caller threads                        workers (local processes, or Ray actors)
+    ──────────────                        ────────────────────────────────────────
+    generate/embed/score(inputs)          each loads and verifies the model's code
+      │ split into batches                 itself, builds the model, serves batches
+      ▼
+    _scheduler.Scheduler ── _transport ──▶  (request_id, kind, payload)
+      one manager thread owns every      ◀──  (request_id, "ok"|"error", ...), or death
+      batch, attempt and outcome
+
+Every worker runs exactly the code digest the parent checked (``Executor.digest``): one
+started or replaced after the model folder changed fails with ``CodeChangedError``,
+naming both digests, before it executes anything; that is not retried, and every later
+call raises it too. The scheduler's docstring says what happens when a worker dies, a
+batch raises or runs past ``batch_timeout``: every input gets exactly one outcome.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future
+from typing import Any, Literal
+
+from .._code.lockfile import Lock
+from .._runtime.loader import units_of
+from .._trust.decide import code_changed, record
+from .._trust.options import ModelOptions
+from .batching import batch_limits, estimate_tokens, fixed_batches, plan_batches
+from .checks import check_device, check_main_guard, dtype_name
+from .scheduler import Batch, Call, Outcome, Scheduler
+from .transport import LocalTransport, Transport
+from .worker import DEFAULT_NEW_TOKENS, WorkerSpec
+
+__all__ = ["Executor", "Outcome"]
+
+StartMethod = Literal["spawn", "forkserver", "fork"]
+Backend = Literal["local", "ray"]
+
+#: Inputs sorted by length together: a stream's outputs are held back at most this many.
+BATCH_WINDOW = 1024
+#: Planned batches per worker (at least): one running, the next already sent. Every
+#: transport keeps at least this many in flight (``Transport.depth``), so the plan, and
+#: the outputs, are the same whichever transport runs them.
+PIPELINE = 2
+
+
+def needed_classes(tasks: Sequence[str]) -> set[str]:
+    """The ``auto_map`` keys workers load for ``tasks``: the config, tokenizer and model heads."""
+    return {"AutoConfig", "AutoTokenizer"} | {
+        "AutoModel" if task == "embed" else "AutoModelForCausalLM" for task in tasks}
+
+
+class Executor:
+    """Batch inference of ``model`` on ``workers`` processes or Ray actors.
+
+    ``model`` is a folder, a cached repo id or a snapshot folder of the hub cache, remote
+    code or not; workers get the snapshot folder, fenced like the repo. Remote code runs only
+    with ``trust_remote_code=True`` or a ``lock``, in the parent's decision and again in
+    each worker, which loads and verifies the code itself.
+
+    ``dtype`` is a ``torch.dtype`` or its name (``"float16"``), as for ``from_pretrained``;
+    ``cache_dir`` the hub cache that holds ``model`` (a repo id) and cross-repo code; a repo
+    id it lacks is downloaded whole first (``token``, ``local_files_only`` as for ``load``).
+    ``code_revision`` is the revision whose code the workers load and verify (default:
+    ``revision``), as in transformers: the model is built from ``revision``'s config and
+    weights with that code's classes.
+
+    ``digest`` is the code digest the caller already checked, if any: other code found
+    now raises ``CodeChangedError``. Either way, ``self.digest`` is what every worker (and
+    every replacement) verifies before it executes anything.
+
+    ``warm=True`` forks workers from a zygote that has torch and transformers imported
+    already (started once per process, see ``_zygote``) instead of starting each one
+    with ``start_method``: seconds saved per worker, and each still loads and verifies
+    the code itself.
+
+    Batches: ``batch_size`` fixes the inputs per batch; by default inputs of similar length
+    are batched together, ``max_batch_tokens`` padded tokens a batch (``_batching``).
+    ``generate_path``: ``"auto"`` (continuous batching on an accelerator when the model
+    supports it, batched ``generate`` otherwise), ``"continuous"`` or ``"batched"``; each
+    worker's choice is in ``worker_info`` (``_generation``).
+
+    Refused before any worker starts (``_checks``): a ``device`` this machine's torch
+    cannot use (``DeviceError``), and spawn or forkserver workers started by a main script
+    outside ``if __name__ == "__main__":`` (``MainGuardError``).
+
+    ``batch_timeout`` (seconds, default off): a worker whose batch runs longer is killed
+    and replaced and the batch retried (``BatchTimeoutError`` is the last cause), so a
+    hung forward pass cannot hang the caller.
+
+    ``backend="ray"`` runs the workers as Ray actors across a cluster (``address`` or
+    ``RAY_ADDRESS`` as for ``ray.init``; a local cluster otherwise), ``ray_resources``
+    per actor (``num_cpus``, ``num_gpus``, ``resources``); see ``_ray``. The methods and
+    guarantees are the same.
+
+    The ``concurrent.futures`` shape: ``submit``, ``map``, ``shutdown``, ``with``. Any
+    number of threads and open iterators may use one executor at once.
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str],
+        *,
+        workers: int = 2,
+        start_method: StartMethod = "spawn",
+        device: str = "cpu",
+        dtype: str | Any | None = None,
+        trust_remote_code: bool = False,
+        lock: Lock | str | os.PathLike[str] | None = None,
+        revision: str | None = None,
+        batch_size: int | None = None,
+        max_batch_tokens: int | None = None,
+        generate_path: Literal["auto", "continuous", "batched"] = "auto",
+        max_retries: int = 2,
+        threads_per_worker: int | None = None,
+        preload: Sequence[str] = ("generate",),
+        warm: bool = False,
+        startup_timeout: float = 600.0,
+        digest: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        batch_timeout: float | None = None,
+        backend: Backend = "local",
+        address: str | None = None,
+        ray_resources: dict[str, Any] | None = None,
+        token: str | bool | None = None,
+        local_files_only: bool | None = None,
+        code_revision: str | None = None,
+    ) -> None:
+        options = ModelOptions.of(locals())
+        if workers < 1:
+            raise ValueError("workers must be at least 1")
+        if generate_path not in ("auto", "continuous", "batched"):
+            raise ValueError(f"generate_path must be 'auto', 'continuous' or 'batched', "
+                             f"got {generate_path!r}")
+        if backend == "local":
+            # Mistakes a worker would only report as an exit code: refused here, typed.
+            check_main_guard("spawn" if warm else start_method)  # the zygote is spawned
+            check_device(device)  # (a Ray actor checks its own node's devices)
+        dtype = dtype_name(dtype)  # torch.float16 or "float16": the name travels
+        bundle = options.resolve_code(model, whole=True)
+        weights = options.locate_model(model, bundle)
+        if digest is not None and bundle.digest != digest:
+            raise code_changed(bundle, digest)
+        bundle.check_classes(needed_classes(preload))  # another class's problem is no matter
+        decision = options.decide(bundle)
+        if decision.lock is not None:
+            # The parent unpickles its workers' replies (results, errors of classes the
+            # model defines): it must refuse what its workers would refuse, from now on,
+            # as ``load(model, lock=...)`` here would.
+            record(decision, units_of(bundle).values())
+        #: The folder the workers build the model from (config, tokenizer, weights).
+        self.model = str(weights.root)
+        #: The code decided on here; every worker, and every replacement, runs exactly it.
+        self.digest = bundle.digest
+        #: A fixed count per batch, in input order; ``None``: batches planned by tokens.
+        self.batch_size = batch_size
+        #: Padded tokens and rows per planned batch (the device's defaults: ``_batching``).
+        self.max_batch_tokens, self.max_batch_size = batch_limits(device, max_batch_tokens)
+        self.max_retries = max_retries
+        self.startup_timeout = startup_timeout
+        self.batch_timeout = batch_timeout
+        self.warm = warm
+        self.backend = backend
+        cpus = (ray_resources or {}).get("num_cpus", 1) if backend == "ray" else (
+            (os.cpu_count() or 1) // workers)
+        threads = threads_per_worker or max(1, int(cpus))
+        specs = [
+            WorkerSpec(self.model, options.for_workers(decision),
+                       device if backend == "ray" else _device_for(device, slot), dtype, threads,
+                       tuple(preload), self.digest, generate_path,
+                       code=None if options.own_code else str(bundle.origin.root))
+            for slot in range(workers)
+        ]
+        transport: Transport
+        if backend == "ray":
+            from .ray_backend import RayTransport
+
+            transport = RayTransport(bundle, address=address, resources=ray_resources,
+                                     model=None if options.own_code else weights)
+        elif backend == "local":
+            transport = LocalTransport(start_method, warm=warm)
+        else:
+            raise ValueError(f"unknown backend {backend!r}: use 'local' or 'ray'")
+        self._scheduler = Scheduler(transport, specs, max_retries=max_retries,
+                                    startup_timeout=startup_timeout, batch_timeout=batch_timeout)
+        self._closed = False
+        self._scheduler.start()
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """As ``concurrent.futures.Executor.shutdown``: no new work; with ``cancel_futures``
+        what has not started is cancelled; with ``wait`` return once the workers stopped."""
+        self._closed = True
+        self._scheduler.shutdown(wait=wait, cancel=cancel_futures)
+
+    def close(self) -> None:
+        """Stop now: what is not done fails with ``BrokenExecutorError``; workers that do not
+        stop within a few seconds are killed."""
+        if not self._scheduler.alive and self._closed:
+            return
+        self._closed = True
+        self._scheduler.shutdown(wait=True, abort=True)
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # At interpreter shutdown the modules close() needs may already be gone.
+        with contextlib.suppress(Exception):
+            self.close()
+
+    @property
+    def pids(self) -> list[int | None]:
+        """Each worker's pid (``None`` while one is down); Ray actors' pids on their nodes."""
+        return self._scheduler.pids
+
+    @property
+    def worker_info(self) -> list[dict[str, Any]]:
+        """Each worker's ready message: ``classes``, ``generate_path`` and its reason (and
+        with Ray its node and what reached it there)."""
+        return self._scheduler.info()
+
+    # -- scheduling -----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._scheduler.failure is not None:
+            raise self._scheduler.failure
+        if self._closed:
+            raise RuntimeError("this executor is closed")
+
+    def _batches(self, kind: str, inputs: Sequence[Any], extra: dict[str, Any],
+                 batch_size: int | None, call: Call | None = None) -> list[Batch]:
+        """A fixed ``batch_size``: consecutive batches of that many. Otherwise inputs of
+        similar length, within windows of ``BATCH_WINDOW``, ``max_batch_tokens`` padded
+        tokens a batch (generate counts the new tokens of every row), cut into batches of
+        about equal cost, a multiple of workers x ``PIPELINE`` (``_batching``): each worker
+        runs one while the next waits in its queue, so fewer would leave a worker idle."""
+        size = batch_size or self.batch_size
+        if size:
+            plan = fixed_batches(len(inputs), size)
+        else:
+            new = int(extra.get("options", {}).get("max_new_tokens") or DEFAULT_NEW_TOKENS)
+            lengths = [estimate_tokens(x) + (new if kind == "generate" else 0) for x in inputs]
+            plan = plan_batches(lengths, max_batch_tokens=self.max_batch_tokens,
+                                max_batch_size=self.max_batch_size, window=BATCH_WINDOW,
+                                spread=len(self._scheduler.specs) * PIPELINE)
+        owner = call or Call(len(inputs))  # (no call: only the plan is looked at)
+        return [Batch(kind, indices, {"texts": [inputs[i] for i in indices], **extra},
+                      [inputs[i] for i in indices], owner) for indices in plan]
+
+    def _submit(self, kind: str, inputs: Sequence[Any], extra: dict[str, Any],
+                batch_size: int | None, *, stream: bool) -> Call:
+        self._check_open()
+        call = Call(len(inputs), stream=stream)
+        self._scheduler.submit(self._batches(kind, inputs, extra, batch_size, call))
+        return call
+
+    def _iterate(self, kind: str, inputs: Sequence[Any], extra: dict[str, Any],
+                 batch_size: int | None) -> Iterator[Outcome]:
+        return self._scheduler.iterate(self._submit(kind, inputs, extra, batch_size, stream=True))
+
+    def _result(self, call: Call) -> list[Any]:
+        return call.future.result()
+
+    # -- the API --------------------------------------------------------------------------
+
+    def generate_iter(self, prompts: Sequence[str], *, batch_size: int | None = None,
+                      **options: Any) -> Iterator[Outcome]:
+        """Generated texts as they complete (any order); see ``Outcome``. Work starts at
+        once; closing the iterator early cancels what has not been sent."""
+        return self._iterate("generate", prompts, {"options": options}, batch_size)
+
+    def generate(self, prompts: Sequence[str], *, batch_size: int | None = None,
+                 **options: Any) -> list[str]:
+        """Greedy by default (``do_sample=False``); ``options`` go to ``model.generate``."""
+        return self._result(self._submit("generate", prompts, {"options": options}, batch_size,
+                                         stream=False))
+
+    def embed_iter(self, texts: Sequence[str], *, pooling: str = "mean",
+                   batch_size: int | None = None) -> Iterator[Outcome]:
+        return self._iterate("embed", texts, {"pooling": pooling}, batch_size)
+
+    def embed(self, texts: Sequence[str], *, pooling: str = "mean",
+              batch_size: int | None = None) -> list[list[float]]:
+        """One vector per text: ``mean`` (attention-masked), ``cls`` or ``last`` pooling."""
+        return self._result(self._submit("embed", texts, {"pooling": pooling}, batch_size,
+                                         stream=False))
+
+    def score_iter(self, texts: Sequence[str], *, batch_size: int | None = None) -> Iterator[Outcome]:
+        return self._iterate("score", texts, {}, batch_size)
+
+    def score(self, texts: Sequence[str], *, batch_size: int | None = None) -> list[dict[str, Any]]:
+        """Per text: ``tokens``, ``token_logprobs`` (of each token after the first), ``logprob``."""
+        return self._result(self._submit("score", texts, {}, batch_size, stream=False))
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        """Run ``fn(worker, *args, **kwargs)`` on one free worker; a ``Future`` of its result.
+
+        As ``concurrent.futures.Executor.submit``, with the worker (``models``,
+        ``tokenizer``, ``classes``, ``spec``, ``generate``/``embed``/``score``) as the
+        first argument. ``fn`` must be importable by name. An exception ``fn`` raises is
+        the future's; a worker that dies running it is replaced and ``fn`` sent again,
+        up to ``max_retries`` times.
+        """
+        self._check_open()
+        call = Call(1)
+        self._scheduler.submit([Batch("rpc", [0], (fn, args, kwargs), [args], call,
+                                      final_errors=True)])
+        outer: Future[Any] = Future()
+
+        def relay(done: Future[list[Any]]) -> None:
+            if done.cancelled():
+                outer.cancel()
+            elif done.exception() is not None:
+                outer.set_exception(done.exception())
+            else:
+                outer.set_result(done.result()[0])
+
+        outer.add_done_callback(lambda f: f.cancelled() and call.future.cancel())
+        call.future.add_done_callback(relay)
+        return outer
+
+    def map(self, fn: Callable[..., Any], *iterables: Iterable[Any],
+            timeout: float | None = None, chunksize: int = 1) -> Iterator[Any]:
+        """As ``concurrent.futures.Executor.map``: ``fn(worker, *items)`` for each tuple of
+        items, results in order; ``chunksize`` is accepted for the signature, and ignored."""
+        futures = [self.submit(fn, *items) for items in zip(*iterables, strict=False)]
+
+        def results() -> Iterator[Any]:
+            try:
+                for future in futures:
+                    yield future.result(timeout=timeout)
+            finally:
+                for future in futures:
+                    future.cancel()
+
+        return results()
+
+    def collective_rpc(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        """Run ``func(worker, *args, **kwargs)`` on every worker; one result per worker.
+
+        For control messages only. ``func`` must be importable by name (a module-level
+        function); ``worker`` exposes ``models``, ``tokenizer``, ``classes`` and ``spec``.
+        The first worker's error is raised; a worker that dies meanwhile is a ``WorkerError``.
+        """
+        self._check_open()
+        calls = [Call(1) for _ in self._scheduler.specs]
+        self._scheduler.submit([Batch("rpc", [0], (func, args, kwargs), [], call, slot=slot)
+                                for slot, call in enumerate(calls)])
+        return [call.future.result()[0] for call in calls]
+
+
+def _device_for(device: str, slot: int) -> str:
+    if device == "cuda":
+        import torch
+
+        count = torch.cuda.device_count()
+        return f"cuda:{slot % count}" if count else "cpu"
+    return device

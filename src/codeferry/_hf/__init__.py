@@ -1,0 +1,1 @@
+"""Everything that patches or registers with transformers, through one patch registry."""

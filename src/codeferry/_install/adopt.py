@@ -1,0 +1,299 @@
+"""``codeferry.install()``: codeferry under code written for plain transformers.
+
+Inference engines are written against transformers: they call
+``AutoConfig.from_pretrained(..., trust_remote_code=True)`` and send the config to their
+workers. After ``install()`` every remote class transformers asks for goes through
+codeferry: ``get_class_from_dynamic_module`` (which every Auto class, pipelines and other
+libraries call) is answered by codeferry's resolver and loader for any model it can
+locate (a folder, or a repo in the local hub cache, matched on model *and* revision),
+so sub-package helpers, ``from . import x``, config-first order, one class identity,
+per-class loading and travel all hold. transformers keeps deciding *whether* code runs:
+it calls that function only after its own ``trust_remote_code`` check. ``uninstall()``
+restores transformers' own functions.
+
+``codeferry.load`` installs a narrower form of the same hook: it answers only for the
+models this process loaded, so a later ``from_pretrained(..., trust_remote_code=True)``
+of such a model returns codeferry's classes instead of executing the code a second time.
+
+``install_for_engine`` is ``install`` for engines that call transformers in processes of
+their own and swallow its exceptions (vLLM, through ``codeferry._install.vllm``): it logs why a
+class cannot load, and can bind every answer to a lock.
+
+What codeferry cannot locate (a repo that is not downloaded yet) is left to transformers,
+and what transformers then loads is *adopted*:
+
+transformers keeps remote code in its module cache, one folder per model and version::
+
+    $HF_MODULES_CACHE/transformers_modules/<model>/<hash or commit>/configuration_x.py
+
+and executes it as ``transformers_modules.<model>.<hash>.configuration_x``. Adopting
+reads that folder's files into a unit (hashed like any other), registers the unit under
+the *same* package name without executing anything again, and marks the classes the
+modules define. A receiver then registers the unit under that name too, so the class
+names in the pickle resolve there to exactly one class each. The hook is a wrapper
+around ``get_class_in_module``, the one function every remote class passes through
+(``get_class_from_dynamic_module`` and every Auto class call it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .._code.digest import unit_digest
+from .._hf import classes as _transformers
+from .._runtime import loader as _loader
+from .._runtime import pickling as _pickling
+from .._runtime.store import Unit
+from .._trust import policy as _policy
+from ..errors import CodeferryError, LockMismatchError, ModelNotFoundError
+
+if TYPE_CHECKING:
+    from .._code.lockfile import Lock
+
+__all__ = ["install", "uninstall", "adopt_module", "answer_for_loaded", "install_for_engine"]
+
+logger = logging.getLogger(__name__)
+
+_PREFIX = "transformers_modules."
+_lock = threading.RLock()
+_installed = False  # install(): answer for every model codeferry can locate
+# install_for_engine(): the lock every answer must match (None: transformers' trust decides),
+# and whether a failed answer is logged at error level (engines swallow the exception).
+_engine_lock: Lock | None = None
+_error_log: logging.Logger | None = None
+_logged: set[tuple[str, str]] = set()  # (reference, error): said once per process
+_loaded_roots: set[str] = set()  # load(): answer for these model folders only
+_originals: dict[str, Any] = {}  # what was replaced, to restore
+
+
+def _unit_files(folder: Path) -> dict[str, bytes]:
+    files: dict[str, bytes] = {}
+    for dirpath, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
+        for name in names:
+            if name.endswith((".pyc", ".lock")):
+                continue
+            path = Path(dirpath) / name
+            files[path.relative_to(folder).as_posix()] = path.read_bytes()
+    return files
+
+
+def adopt_module(module: Any) -> None:
+    """Adopt the unit that holds transformers-loaded ``module``, and mark its classes."""
+    name = getattr(module, "__name__", "")
+    file = getattr(module, "__file__", None)
+    if not name.startswith(_PREFIX) or not file or "." not in name:
+        return
+    if os.path.basename(file) == "__init__.py":
+        return  # a package transformers made to hold model folders, not a model's module
+    package = name.rsplit(".", 1)[0]
+    if package.count(".") < 1:
+        return  # directly under transformers_modules: no model folder of its own
+    folder = Path(file).parent
+    files = _unit_files(folder)
+    packages = frozenset(
+        p.rsplit("/", 1)[0].replace("/", ".") for p in files if p.endswith("/__init__.py")
+    )
+    unit = Unit(unit_digest(files), files, (), packages, package)
+    # transformers ran this code because the caller passed trust_remote_code=True:
+    # that decision is this process's trust in exactly these bytes.
+    _policy.allow({unit.digest}, from_lock=False)
+    with _lock:
+        registration = _loader.register(unit, package)
+        for mod_name, mod in list(sys.modules.items()):
+            if mod is not None and (mod_name == package or mod_name.startswith(package + ".")):
+                _pickling.mark_module(mod, registration)
+
+
+def _split_reference(reference: str) -> tuple[str | None, str, str] | None:
+    """``[repo--]module.Class`` as (repo, module, class); ``None`` for another shape."""
+    repo: str | None = None
+    if "--" in reference:
+        repo, reference = reference.split("--", 1)
+    module, _, name = reference.rpartition(".")
+    if not module or not name:
+        return None
+    return repo, module, name
+
+
+def _answer(
+    reference: str, model: Any, revision: str | None, cache_dir: Any
+) -> type | None:
+    """codeferry's class for ``reference`` of ``model`` at ``revision``, or ``None`` to pass."""
+    from .. import _load as _api
+    from .._code.resolve import read_class_refs
+    from .._code.source import locate
+
+    parts = _split_reference(reference)
+    if parts is None:
+        return None
+    try:
+        origin = locate(model, revision=revision, cache_dir=cache_dir)
+    except (ModelNotFoundError, OSError, ValueError):
+        return None  # not on this machine yet: transformers downloads it (and we adopt)
+    with _lock:
+        if not _installed and str(origin.root) not in _loaded_roots:
+            return None
+    repo, module, name = parts
+    key = None
+    for ref in read_class_refs(origin):
+        if (ref.repo, ref.module, ref.name) == (repo, module, name):
+            key = _api.class_key(ref.declared_in, ref.key)
+            break
+    if key is None:
+        return None  # not a class this model's auto_map names: transformers' business
+    # transformers asked only after its own trust check passed: that is the decision
+    # (an engine's lock narrows it to exactly the locked code).
+    classes = _api.load(origin.root if origin.repo_id is None else model,
+                        trust_remote_code=True, revision=revision, classes=[key],
+                        cache_dir=cache_dir, lock=_engine_lock)
+    value: Any = classes[key]
+    if isinstance(value, tuple):  # a [slow, fast] pair: the slot this reference names
+        value = next(c for c in value if c is not None and c.__name__ == name)
+    return value if isinstance(value, type) else None
+
+
+def _unlocked(reference: str, model: Any) -> LockMismatchError:
+    """A lock binds this process, and this remote class is not code codeferry could check."""
+    where = _engine_lock.read_from if _engine_lock is not None else None
+    return LockMismatchError(
+        f"{reference} of {model} is remote code codeferry cannot check against the lock "
+        f"{where or ''} (the model is not on this machine, or its auto_map does not name "
+        "it); with a lock in force nothing unchecked runs.",
+        path=where,
+        fix="download the model first and lock it (`codeferry lock MODEL -o FILE`), or "
+        "unset CODEFERRY_LOCK to let transformers' trust_remote_code decide.",
+    )
+
+
+def _log_error(reference: str, model: Any, exc: CodeferryError) -> None:
+    """In an engine, say why a class cannot load (its wrapper would say only "cannot find")."""
+    with _lock:
+        log = _error_log
+        if log is None or (reference, str(exc)) in _logged:
+            return
+        _logged.add((reference, str(exc)))
+    log.error("codeferry: %s of %s cannot load: %s", reference, model, exc)
+
+
+def _hooked(original: Any) -> Any:
+    def get_class_from_dynamic_module(
+        class_reference: str, pretrained_model_name_or_path: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        found = None
+        try:
+            if not args:  # positional cache_dir and friends: leave such calls alone
+                found = _answer(class_reference, pretrained_model_name_or_path,
+                                kwargs.get("code_revision") or kwargs.get("revision"),
+                                kwargs.get("cache_dir"))
+            if found is None and _engine_lock is not None:
+                raise _unlocked(class_reference, pretrained_model_name_or_path)
+        except CodeferryError as exc:
+            _log_error(class_reference, pretrained_model_name_or_path, exc)
+            raise
+        if found is not None:
+            return found
+        return original(class_reference, pretrained_model_name_or_path, *args, **kwargs)
+
+    get_class_from_dynamic_module.__wrapped__ = original  # type: ignore[attr-defined]
+    get_class_from_dynamic_module.__codeferry__ = True  # type: ignore[attr-defined]
+    return get_class_from_dynamic_module
+
+
+def _hook() -> None:
+    """Route ``get_class_from_dynamic_module`` through codeferry, wherever it was imported."""
+    import transformers.dynamic_module_utils as dmu
+
+    with _lock:
+        if "get_class_from_dynamic_module" in _originals:
+            return
+        original = dmu.get_class_from_dynamic_module
+        hooked = _hooked(original)
+        _originals["get_class_from_dynamic_module"] = original
+        # The Auto classes (and vLLM, pipelines) bind the name at their import: replace it
+        # in every module already imported; modules imported later take dmu's.
+        _transformers.rebind("get_class_from_dynamic_module", original, hooked)
+        dmu.get_class_from_dynamic_module = hooked
+        original_in_module = dmu.get_class_in_module
+        _originals["get_class_in_module"] = original_in_module
+
+        def get_class_in_module(class_name: str, module_path: Any, **kwargs: Any) -> Any:
+            cls = original_in_module(class_name, module_path, **kwargs)
+            module = sys.modules.get(getattr(cls, "__module__", ""))
+            if module is not None:
+                adopt_module(module)
+            return cls
+
+        dmu.get_class_in_module = get_class_in_module
+        _transformers.install_generation_mixin_hook()
+
+
+def answer_for_loaded(root: str) -> None:
+    """``load`` calls this: later remote-code lookups of the model at ``root`` get its classes."""
+    with _lock:
+        _loaded_roots.add(root)
+    try:
+        _hook()
+    except ImportError:  # no transformers: nothing to answer
+        pass
+
+
+def install() -> None:
+    """Route every remote-code load that transformers performs through codeferry.
+
+    After this, ``AutoConfig/AutoModel*/AutoTokenizer/AutoProcessor/...from_pretrained(
+    ..., trust_remote_code=True)`` and ``get_class_from_dynamic_module`` (also when other
+    libraries call them) return codeferry's classes for any model codeferry can locate.
+    Idempotent; ``uninstall()`` undoes it. Remote modules that plain transformers loaded
+    (before, or for models codeferry cannot locate) are adopted so they travel too.
+    """
+    global _installed
+    _loader.install_finder()  # what importing codeferry leaves alone, install() installs
+    _pickling.install_cloudpickle_support()
+    with _lock:
+        _hook()
+        _installed = True
+    for mod in list(sys.modules.values()):
+        if mod is not None and getattr(mod, "__name__", "").startswith(_PREFIX):
+            adopt_module(mod)
+
+
+def install_for_engine(lock: Lock | None = None, *, log: logging.Logger = logger) -> None:
+    """``install()`` for an engine that calls transformers and swallows its errors (vLLM).
+
+    A class codeferry cannot load is logged at error level on ``log`` with its typed
+    error (file, line, fix), once per process, before the exception goes on, since the
+    engine's own wrapper reduces it to "cannot find". With ``lock``, every answer is
+    checked against it (a mismatch raises ``LockMismatchError``; remote code codeferry
+    cannot check is refused, not passed on to transformers), and the process runs only
+    locked code from then on.
+    """
+    global _engine_lock, _error_log
+    with _lock:
+        _engine_lock = lock
+        _error_log = log
+    install()
+
+
+def uninstall() -> None:
+    """Give transformers its own remote-code loading back (classes already loaded stay)."""
+    global _installed, _engine_lock, _error_log
+    import transformers.dynamic_module_utils as dmu
+
+    with _lock:
+        _installed = False
+        _engine_lock = None
+        _error_log = None
+        _loaded_roots.clear()
+        original = _originals.pop("get_class_from_dynamic_module", None)
+        if original is not None:
+            _transformers.rebind("get_class_from_dynamic_module", dmu.get_class_from_dynamic_module,
+                                 original)
+        in_module = _originals.pop("get_class_in_module", None)
+        if in_module is not None:
+            dmu.get_class_in_module = in_module

@@ -1,0 +1,68 @@
+"""codeferry inside vLLM: a ``vllm.general_plugins`` entry point.
+
+vLLM resolves a remote-code model's classes with transformers'
+``get_class_from_dynamic_module`` in the driver, again in its EngineCore and again in
+every worker process, which it spawns itself. Code in the driver (``codeferry.load`` or
+``codeferry.install``) cannot reach those processes; vLLM's general plugins can: vLLM
+loads every entry point of the ``vllm.general_plugins`` group in each of its processes
+before it resolves the model there. codeferry ships one (``register`` below), so with
+codeferry installed in vLLM's environment every vLLM process loads remote code through
+codeferry's resolver and loader (sub-package helpers, ``from . import x``, one config
+class, verified bytes) with nothing to change in the user's script.
+
+- It is on whenever codeferry is installed; ``CODEFERRY_VLLM_PLUGIN=0`` switches it off.
+- It decides no trust: vLLM passes ``trust_remote_code`` to transformers, which calls the
+  hooked function only after its own check passed; models without remote code never
+  reach it, and models codeferry cannot locate go on to transformers as before.
+- vLLM's wrapper turns any exception of that function into a warning and later says
+  "Cannot find model module": codeferry logs its typed error (file:line, fix) at error
+  level first, so the cause reaches the user.
+- ``CODEFERRY_LOCK=FILE`` (a ``codeferry lock`` file) binds every vLLM process to that
+  lock: each class is loaded only if its code is exactly the locked code, remote code
+  codeferry cannot check is refused, and code arriving in messages must be locked too.
+  The environment reaches every process vLLM starts, so the lock does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+__all__ = ["register", "ENABLE_ENV", "LOCK_ENV", "enabled"]
+
+#: Set to ``0`` (or ``false``/``no``/``off``) to keep codeferry out of vLLM.
+ENABLE_ENV = "CODEFERRY_VLLM_PLUGIN"
+#: The path of a lock file that every vLLM process enforces.
+LOCK_ENV = "CODEFERRY_LOCK"
+
+_OFF = {"0", "false", "no", "off"}
+
+
+def enabled() -> bool:
+    """Whether the plugin is on in this process (``CODEFERRY_VLLM_PLUGIN`` is not ``0``)."""
+    return os.environ.get(ENABLE_ENV, "1").strip().lower() not in _OFF
+
+
+def register() -> None:
+    """vLLM's entry point: route transformers' remote-code loading through codeferry.
+
+    Runs in each vLLM process (driver, EngineCore, workers); idempotent. A lock file named
+    by ``CODEFERRY_LOCK`` that cannot be read raises ``LockFormatError``: with a lock asked
+    for, nothing runs unchecked.
+    """
+    if not enabled():
+        return
+    try:
+        import transformers.dynamic_module_utils  # noqa: F401
+    except ImportError:  # no transformers here: no remote code to route
+        return
+    from .adopt import install_for_engine
+
+    lock = None
+    path = os.environ.get(LOCK_ENV, "").strip()
+    if path:
+        from .._code.lockfile import read_lock
+
+        lock = read_lock(path)
+    # a child of vLLM's logger: the error reads like vLLM's own lines, in every process
+    install_for_engine(lock, log=logging.getLogger("vllm.codeferry"))

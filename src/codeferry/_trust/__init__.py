@@ -1,0 +1,1 @@
+"""The one trust decision, this process's policy, and the options object that carries them."""

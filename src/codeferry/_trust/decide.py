@@ -1,0 +1,101 @@
+"""The one trust decision: may a bundle's code run in this process, and on what terms.
+
+``load``, ``Executor``, ``run`` and ``doctor`` all execute remote code, and each used to
+decide for itself whether it may (four copies that had started to differ: ``run``
+trusted the bundled demo, ``doctor`` did so only from the command line). They now call
+``decide``, which applies these rules in order:
+
+1. a ``lock`` (a ``Lock`` or the path of a lock file): the code must be exactly what it
+   lists, else ``LockMismatchError``; ``trust_remote_code`` then changes nothing;
+2. ``trust_remote_code=True``, or a model that ships no code: it runs;
+3. the bundled demo (``demo=True``, what ``run`` and ``doctor`` pass): trusted as exactly
+   the code whose digest is pinned here, ``DEMO_DIGEST``, by a lock made from it, so that
+   every worker verifies those bytes again;
+4. anything else: ``TrustRequiredError``, listing the files that would run.
+
+A decision is about one digest, not a folder: ``code_changed`` is the error of a process
+that finds other code than the digest its parent decided on. ``record`` makes a decision
+this process's own (``_policy``): what may run here, and whether a lock binds it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .._code.automap import qualified
+from .._code.lockfile import Lock, read_lock
+from .._code.resolve import Bundle
+from .._runtime.store import Unit
+from ..errors import CodeChangedError, TrustRequiredError
+from . import policy as _policy
+
+__all__ = ["DEMO_DIGEST", "Decision", "decide", "record", "trust_error", "code_changed"]
+
+#: Digest of the code of the bundled demo model (``codeferry/demo``), the only remote code
+#: ``run`` and ``doctor`` execute without ``trust_remote_code`` or a lock. A test checks it
+#: against the shipped demo: regenerating the demo means updating this constant.
+DEMO_DIGEST = "sha256:f1f28e68ee1e5356ef8b6c9d136a5f55a456ec2e13e7c6025902f980c2f7695a"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a caller passes on to its workers: ``trust_remote_code`` or the ``lock`` to verify."""
+
+    trust_remote_code: bool
+    lock: Lock | None = None
+
+
+def decide(
+    bundle: Bundle,
+    *,
+    trust_remote_code: bool = False,
+    lock: Lock | str | os.PathLike[str] | None = None,
+    demo: bool = False,
+) -> Decision:
+    """Whether ``bundle``'s code may run (the rules above); raise when it may not."""
+    if lock is not None:
+        locked = lock if isinstance(lock, Lock) else read_lock(lock)
+        locked.check(bundle)
+        return Decision(False, locked)
+    if trust_remote_code or not bundle.files:
+        return Decision(trust_remote_code)
+    if demo and bundle.digest == DEMO_DIGEST:
+        # The bundled demo: trusted as exactly this code, which every worker verifies again.
+        return Decision(False, Lock.from_bundle(bundle))
+    raise trust_error(bundle)
+
+
+def record(decision: Decision, units: Iterable[Unit]) -> None:
+    """Make ``decision`` this process's: ``units`` may run here, and a lock binds it from now on."""
+    _policy.allow({u.digest for u in units}, from_lock=decision.lock is not None)
+
+
+def trust_error(bundle: Bundle) -> TrustRequiredError:
+    """Rule 4: the code would run, and nobody decided that it may."""
+    files = tuple(
+        qualified(f.repo, f.path) for f in bundle.files if f.kind != "asset"
+    )
+    listing = ", ".join(files)
+    return TrustRequiredError(
+        f"the model ships code that would run in this process and in every worker: "
+        f"{listing} (digest {bundle.digest}).",
+        files=files,
+        path=str(bundle.origin.root),
+        fix="read it (`codeferry inspect MODEL`, `codeferry audit MODEL`), then pass "
+        "trust_remote_code=True or lock=FILE (on the command line --trust-remote-code or "
+        "--lock FILE; `codeferry lock MODEL -o FILE` writes one).",
+    )
+
+
+def code_changed(bundle: Bundle, expected: str) -> CodeChangedError:
+    """The code found now is not the digest ``expected`` that the parent decided on."""
+    return CodeChangedError(
+        f"the code of {bundle.origin.name} changed since it was checked: the parent decided "
+        f"on digest {expected}, this process found {bundle.digest}; none of it ran.",
+        expected=expected, actual=bundle.digest, digest=bundle.digest,
+        model=bundle.origin.name, path=str(bundle.origin.root),
+        fix="the model folder changed while in use: restore it, or start a new Executor "
+        "(rerun the command) to check the new code (`codeferry inspect MODEL` shows it).",
+    )
