@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import codeferry
-from codeferry import _version, cli
+from codeferry import _settings, _version, cli
 from codeferry._exec import scheduler as _scheduler
 from codeferry.testing import ModelSpec, write_model
 
@@ -89,7 +89,7 @@ def test_debug_variables_show_tracebacks_like_debug(
     setting: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    for name in cli.DEBUG_VARIABLES:
+    for name in _settings.DEBUG_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     argv = ["inspect", str(tmp_path / "missing")]
     if setting == "--debug":

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeAlias
 
+from . import _settings
 from ._code.resolve import Bundle
 from ._commands.render import render_dot, render_report
 from ._trust.options import ModelOptions
@@ -104,16 +105,6 @@ def _remote_tail(exc: BaseException, frames: int = 3) -> str | None:
     first = "codeferry: the worker's traceback"
     first += f" (last {frames} of {len(starts)} frames):" if len(starts) > frames else ":"
     return "\n".join([first, *shown]) + "\n"
-
-
-#: Environment variables that turn ``--debug`` on (``HF_DEBUG``: huggingface_hub's own).
-DEBUG_VARIABLES = ("CODEFERRY_DEBUG", "HF_DEBUG")
-
-
-def debug_from_env() -> bool:
-    """Whether a debug variable is set to a true value (``1``, ``true``, ``yes``, ``on``)."""
-    return any(os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
-               for name in DEBUG_VARIABLES)
 
 
 def _demo() -> str:
@@ -264,7 +255,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise UsageError(f"--output {output} is the input file: name another file")
     workers = args.workers or (2 if (os.cpu_count() or 1) > 1 else 1)
     # The workers' "Loading weights" bars would garble ours (and clutter logs).
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    _settings.quiet_hub_progress()
     try:
         result = run(
             args.model or _demo(), inputs, output, task=args.task, workers=workers,
@@ -424,7 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``codeferry`` console script."""
     parser = _parser()
     args = parser.parse_args(argv)
-    debug: bool = args.debug or debug_from_env()
+    debug: bool = args.debug or _settings.debug()
     func: Callable[[argparse.Namespace], int] = args.func
     for stream in (sys.stdout, sys.stderr):
         # Names from the model (JSON keys, file names) may hold lone surrogates, which a

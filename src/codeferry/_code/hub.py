@@ -29,7 +29,7 @@ file to a temporary file unique to its process (``blobs/<etag>.<id>.incomplete``
 on failure, and renames it into ``blobs/`` and links it from the snapshot only once whole.
 
 Settings are read at each call: ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``),
-``HF_ENDPOINT``, the cache (``_source.hub_cache_dir``) and, by huggingface_hub, ``HF_TOKEN``.
+``HF_ENDPOINT``, the cache (``_settings.hub_cache``) and, by huggingface_hub, ``HF_TOKEN``.
 huggingface_hub reads ``HF_HUB_OFFLINE`` and ``HF_ENDPOINT`` once, when it is imported: the
 endpoint is passed to it explicitly, and its offline switch is set to what the environment
 says now for the duration of a download.
@@ -46,6 +46,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
+from .. import _settings
 from ..errors import (
     GatedRepoError,
     HubDownloadError,
@@ -58,26 +59,12 @@ from ..errors import (
 from . import source as _source
 from .source import MAX_ASSET_BYTES, WEIGHT_SUFFIXES, ModelOrigin
 
-__all__ = ["DEFAULT_ENDPOINT", "Need", "locate", "offline_reason"]
+__all__ = ["Need", "locate"]
 
 Need = Literal["code", "model"]
 
-DEFAULT_ENDPOINT = "https://huggingface.co"
-#: huggingface_hub's reading of a boolean environment variable.
-_TRUE = frozenset({"1", "ON", "YES", "TRUE"})
 #: One download at a time in this process: each one flips huggingface_hub's offline switch.
 _download_lock = threading.Lock()
-
-
-def offline_reason(local_files_only: bool | None = None) -> str | None:
-    """What forbids downloading now (``"HF_HUB_OFFLINE=1"``...), or ``None``: nothing does."""
-    if local_files_only:
-        return "local_files_only=True"
-    for name, value in (("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE")),
-                        ("TRANSFORMERS_OFFLINE", os.environ.get("TRANSFORMERS_OFFLINE"))):
-        if value is not None and value.strip().upper() in _TRUE:
-            return f"{name}={value}"
-    return None
 
 
 def locate(
@@ -100,7 +87,7 @@ def locate(
     if not is_repo_id and Path(model).expanduser().is_dir():
         return _source.locate(model, revision=revision, cache_dir=cache_dir)
     repo_id = str(model) if is_repo_id else _source.repo_id_of(model)
-    cache = Path(cache_dir) if cache_dir is not None else _source.hub_cache_dir()
+    cache = Path(cache_dir) if cache_dir is not None else _settings.hub_cache()
     absent: ModelNotFoundError | None = None
     missing: tuple[str, ...] = ()
     try:
@@ -111,7 +98,7 @@ def locate(
         missing = _missing(origin, cache, need)
         if not missing:
             return origin
-    reason = offline_reason(local_files_only)
+    reason = _settings.offline_reason(local_files_only)
     if reason is not None:
         raise _not_cached(repo_id, revision, reason, absent, missing)
     _download(repo_id, revision, cache, token, need)
@@ -176,7 +163,7 @@ def _download(
     """``snapshot_download`` what ``need`` takes of ``repo_id`` into ``cache``, errors typed."""
     from huggingface_hub import HfApi, snapshot_download
 
-    endpoint = (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+    endpoint = _settings.hub_endpoint()
     with _download_lock, _online(), _typed_errors(repo_id, revision, endpoint):
         patterns: list[str] | None = None
         if need == "code":

@@ -29,6 +29,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import _settings
 from ..errors import (
     AssetTooLargeError,
     ModelNotFoundError,
@@ -38,7 +39,7 @@ from ..errors import (
 )
 
 __all__ = [
-    "WEIGHT_SUFFIXES", "ModelOrigin", "hub_cache_dir", "locate", "locate_repo", "list_files",
+    "WEIGHT_SUFFIXES", "ModelOrigin", "locate", "locate_repo", "list_files",
     "read_bytes", "repo_id_of", "snapshot_origin",
 ]
 
@@ -79,21 +80,11 @@ class ModelOrigin:
         return str(self.root)
 
 
-def hub_cache_dir() -> Path:
-    """The hub cache, from the environment as it is now (huggingface_hub's rules)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "huggingface" / "hub"
-
-
 def locate_repo(
     repo_id: str, *, revision: str | None = None, cache_dir: str | os.PathLike[str] | None = None
 ) -> ModelOrigin:
     """A repo in the local hub cache, at ``revision`` (default ``main``) resolved to a commit."""
-    cache = Path(cache_dir) if cache_dir is not None else hub_cache_dir()
+    cache = Path(cache_dir) if cache_dir is not None else _settings.hub_cache()
     repo_dir = cache / ("models--" + repo_id.replace("/", "--"))
     wanted = revision or "main"
     fix = (

@@ -67,6 +67,7 @@ from typing import Any, Literal, TextIO
 from filelock import FileLock, Timeout
 from tqdm import tqdm
 
+from .. import _settings
 from .._code.lockfile import Lock
 from .._code.resolve import Bundle
 from .._exec.checks import check_device, dtype_name
@@ -436,8 +437,6 @@ def _drop_inherited(lock: FileLock) -> None:
 # -- what produced the output ----------------------------------------------------------
 
 _RECORD_FORMAT = "codeferry-run/1"
-#: The worker's ``max_new_tokens`` when none is given (``--max-new-tokens``' default).
-DEFAULT_MAX_NEW_TOKENS = 16
 
 
 def record_path(output: Path) -> Path:
@@ -451,7 +450,7 @@ def _producer(bundle: Bundle, weights: str, task: Task, max_new_tokens: int | No
     its name), its code, the task and its options."""
     options: dict[str, Any] = {"dtype": dtype}
     if task == "generate":
-        options["max_new_tokens"] = max_new_tokens or DEFAULT_MAX_NEW_TOKENS
+        options["max_new_tokens"] = max_new_tokens or _settings.DEFAULT_MAX_NEW_TOKENS
     elif task == "embed":
         options["pooling"] = pooling or "mean"
     return {"model": weights, "digest": bundle.digest, "task": task,

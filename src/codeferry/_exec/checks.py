@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import ast
 import multiprocessing as mp
-import os
 import sys
 from types import FrameType
 
+from .. import _settings
 from ..errors import DeviceError, DTypeError, MainGuardError
 
 __all__ = ["check_device", "check_main_guard", "dtype_name"]
@@ -97,7 +97,7 @@ def _why_not(kind: str) -> str:
     if kind == "cuda":
         if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
             return f"this torch ({torch.__version__}) is built without CUDA"
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        visible = _settings.cuda_visible_devices()
         return "torch sees no CUDA device" + (
             f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else "")
     if kind == "mps":

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, Literal
 
+from .. import _settings
 from .._code.lockfile import Lock
 from .._runtime.loader import units_of
 from .._trust.decide import code_changed, record
@@ -34,7 +35,7 @@ from .batching import batch_limits, estimate_tokens, fixed_batches, plan_batches
 from .checks import check_device, check_main_guard, dtype_name
 from .scheduler import Batch, Call, Outcome, Scheduler
 from .transport import LocalTransport, Transport
-from .worker import DEFAULT_NEW_TOKENS, WorkerSpec
+from .worker import WorkerSpec
 
 __all__ = ["Executor", "Outcome"]
 
@@ -248,7 +249,7 @@ class Executor:
         if size:
             plan = fixed_batches(len(inputs), size)
         else:
-            new = int(extra.get("options", {}).get("max_new_tokens") or DEFAULT_NEW_TOKENS)
+            new = int(extra.get("options", {}).get("max_new_tokens") or _settings.DEFAULT_MAX_NEW_TOKENS)
             lengths = [estimate_tokens(x) + (new if kind == "generate" else 0) for x in inputs]
             plan = plan_batches(lengths, max_batch_tokens=self.max_batch_tokens,
                                 max_batch_size=self.max_batch_size, window=BATCH_WINDOW,

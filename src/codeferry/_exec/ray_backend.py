@@ -37,27 +37,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .._code.source import WEIGHT_SUFFIXES, ModelOrigin, hub_cache_dir, list_files
+from .. import _settings
+from .._code.source import WEIGHT_SUFFIXES, ModelOrigin, list_files
 from .._runtime.store import store_root
 from ..errors import ClusterError, ExtraMissingError, WeightsTooLargeError
 from .transport import Event, Post
 from .worker import WorkerSpec, error_payload, remote_error, unpack_reply
 
-__all__ = ["Ferry", "RayTransport", "build_ferry", "is_weight", "materialize", "ship_limit"]
+__all__ = ["Ferry", "RayTransport", "build_ferry", "is_weight", "materialize"]
 
-DEFAULT_SHIP_LIMIT = 2 << 30
 
 
 def is_weight(rel: str) -> bool:
     """Weights travel one object each and may come from a node's own cache instead; every
     other file (code, configs, tokenizer) travels in one object with the rest."""
     return rel.endswith(WEIGHT_SUFFIXES)
-
-
-def ship_limit() -> int:
-    """``CODEFERRY_RAY_SHIP_LIMIT``: the most bytes of large files the driver ships."""
-    value = os.environ.get("CODEFERRY_RAY_SHIP_LIMIT", "")
-    return int(value) if value.strip() else DEFAULT_SHIP_LIMIT
 
 
 def ray_module() -> Any:
@@ -116,7 +110,7 @@ def build_ferry(bundle: Any, model: ModelOrigin | None = None) -> Ferry:
         small[rel] = data
     token = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:32]
     big = {rel: size for rel, (_, size) in manifest.items() if is_weight(rel)}
-    shipped = sum(big.values()) <= ship_limit()
+    shipped = sum(big.values()) <= _settings.ray_ship_limit()
     large = {rel: ray.put(files[rel].read_bytes()) for rel in big} if shipped else {}
     return Ferry(token, manifest, ray.put(small), large, origin.repo_id, origin.commit)
 
@@ -146,7 +140,7 @@ def _cached_copy(ferry: Ferry, rel: str) -> Path | None:
     """The file in this node's own hub cache, at the same commit and the same bytes."""
     if not (ferry.repo_id and ferry.commit):
         return None
-    path = (hub_cache_dir() / ("models--" + ferry.repo_id.replace("/", "--")) / "snapshots"
+    path = (_settings.hub_cache() / ("models--" + ferry.repo_id.replace("/", "--")) / "snapshots"
             / ferry.commit / rel)
     try:
         real = path.resolve(strict=True)
@@ -191,7 +185,7 @@ def materialize(ferry: Ferry) -> tuple[Path, dict[str, Any]]:
                     raise WeightsTooLargeError(
                         f"this node has no copy of {rel} ({size} bytes) at commit "
                         f"{ferry.commit}, and the driver ships large files only up to "
-                        f"CODEFERRY_RAY_SHIP_LIMIT={ship_limit()} bytes in all.",
+                        f"CODEFERRY_RAY_SHIP_LIMIT={_settings.ray_ship_limit()} bytes in all.",
                         path=rel, fix="download the model into each node's Hugging Face cache "
                         "at the same commit (`hf download REPO --revision COMMIT`), or raise "
                         "CODEFERRY_RAY_SHIP_LIMIT.")
@@ -337,7 +331,7 @@ class RayTransport:
         ray = ray_module()
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
-            ray.init(address=address or os.environ.get("RAY_ADDRESS") or None,
+            ray.init(address=address or _settings.ray_address() or None,
                      log_to_driver=False)
         options = {"num_cpus": 1, **(resources or {})}
         self._actor = ray.remote(RayWorker).options(

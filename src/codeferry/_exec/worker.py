@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .._trust.options import ModelOptions
 
+from .. import _settings
+
 __all__ = ["WorkerSpec", "error_payload", "handle", "pack", "remote_error", "unpack_reply",
            "worker_main"]
 
@@ -68,9 +70,6 @@ class WorkerSpec:
     #: ``None``: ``model``'s own code.
     code: str | None = None
 
-
-#: New tokens of a ``generate`` call that names none (the planner counts them too).
-DEFAULT_NEW_TOKENS = 16
 
 
 def _watch_parent(parent_pid: int, lifeline: Connection | None) -> None:
@@ -246,7 +245,7 @@ class _Engine:
         from .generation import continuous_supports, generate_continuous, lighter_min_new_tokens
 
         model = self.model_for("generate")
-        options = {"do_sample": False, "max_new_tokens": DEFAULT_NEW_TOKENS, **options}
+        options = {"do_sample": False, "max_new_tokens": _settings.DEFAULT_MAX_NEW_TOKENS, **options}
         if self.tokenizer.pad_token_id is not None:
             options.setdefault("pad_token_id", self.tokenizer.pad_token_id)
         assert self.generate_path is not None  # set when the model was built

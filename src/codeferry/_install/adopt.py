@@ -45,10 +45,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._code.digest import unit_digest
+from .._code.unit import Unit
 from .._hf import classes as _transformers
 from .._runtime import loader as _loader
 from .._runtime import pickling as _pickling
-from .._runtime.store import Unit
 from .._trust import policy as _policy
 from ..errors import CodeferryError, LockMismatchError, ModelNotFoundError
 

@@ -26,21 +26,10 @@ class, verified bytes) with nothing to change in the user's script.
 from __future__ import annotations
 
 import logging
-import os
 
-__all__ = ["register", "ENABLE_ENV", "LOCK_ENV", "enabled"]
+from .. import _settings
 
-#: Set to ``0`` (or ``false``/``no``/``off``) to keep codeferry out of vLLM.
-ENABLE_ENV = "CODEFERRY_VLLM_PLUGIN"
-#: The path of a lock file that every vLLM process enforces.
-LOCK_ENV = "CODEFERRY_LOCK"
-
-_OFF = {"0", "false", "no", "off"}
-
-
-def enabled() -> bool:
-    """Whether the plugin is on in this process (``CODEFERRY_VLLM_PLUGIN`` is not ``0``)."""
-    return os.environ.get(ENABLE_ENV, "1").strip().lower() not in _OFF
+__all__ = ["register"]
 
 
 def register() -> None:
@@ -50,7 +39,7 @@ def register() -> None:
     by ``CODEFERRY_LOCK`` that cannot be read raises ``LockFormatError``: with a lock asked
     for, nothing runs unchecked.
     """
-    if not enabled():
+    if not _settings.vllm_plugin_enabled():
         return
     try:
         import transformers.dynamic_module_utils  # noqa: F401
@@ -59,7 +48,7 @@ def register() -> None:
     from .adopt import install_for_engine
 
     lock = None
-    path = os.environ.get(LOCK_ENV, "").strip()
+    path = _settings.lock_file()
     if path:
         from .._code.lockfile import read_lock
 

@@ -57,6 +57,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import _settings
 from .._code.digest import unit_digest
 from .._code.resolve import Bundle
 from .._trust.policy import check_allowed
@@ -355,12 +356,7 @@ def _ensure_parents(package: str) -> None:
         parent = types.ModuleType(name)
         parent.__path__ = []
         if parts[0] == "transformers_modules":
-            import os
-
-            cache = os.environ.get("HF_MODULES_CACHE") or os.path.join(
-                os.environ.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface"), "modules"
-            )
-            parent.__path__ = [os.path.join(cache, *parts[:end])]
+            parent.__path__ = [str(_settings.modules_cache().joinpath(*parts[:end]))]
         sys.modules[name] = parent
 
 

@@ -31,13 +31,14 @@ import shutil
 import stat
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from filelock import FileLock
 
-from .._code.digest import file_sha256, token_of, unit_digest, unit_digest_of
-from ..errors import StoreCorruptError, StorePermissionError, StoreUnavailableError
+from .. import _settings
+from .._code.digest import file_sha256, token_of, unit_digest_of
+from .._code.unit import Unit
+from ..errors import StorePermissionError, StoreUnavailableError
 
 __all__ = ["Unit", "store_root", "read_unit", "write_unit"]
 
@@ -48,43 +49,7 @@ _SUBFOLDERS = ("units", "locks", "tmp")
 
 def store_root() -> Path:
     """The store, from the environment as it is now: ``CODEFERRY_HOME`` or the XDG cache."""
-    if os.environ.get("CODEFERRY_HOME"):
-        return Path(os.environ["CODEFERRY_HOME"]).expanduser() / "v1"
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "codeferry" / "v1"
-
-
-@dataclass(frozen=True)
-class Unit:
-    """The verified bytes of a unit, and what the loader needs to execute them.
-
-    The stored layer of a unit: built from a ``Bundle`` (``_loader.units_of``, from its
-    ``_resolve.RepoScan``), a ticket or the store; ``_loader.register`` makes it a
-    ``_loader.Registration`` in a process.
-
-    ``order`` lists dotted module names dependencies first; ``packages`` those that are
-    packages (``__init__.py`` or namespace folders); ``label`` is what messages call it.
-    """
-
-    digest: str
-    files: Mapping[str, bytes]
-    order: tuple[str, ...]
-    packages: frozenset[str]
-    label: str
-
-    @property
-    def token(self) -> str:
-        return token_of(self.digest)
-
-    def verify(self) -> None:
-        actual = unit_digest(self.files)
-        if actual != self.digest:
-            raise StoreCorruptError(
-                f"the code of {self.label} does not match its digest: expected "
-                f"{self.digest}, got {actual}.",
-                digest=self.digest, model=self.label,
-                fix="the bytes were changed after they were hashed; load the model again from its source.",
-            )
+    return _settings.codeferry_home() / "v1"
 
 
 def _manifest(unit: Unit) -> dict[str, object]:

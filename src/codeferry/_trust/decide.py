@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from .._code.automap import qualified
 from .._code.lockfile import Lock, read_lock
 from .._code.resolve import Bundle
-from .._runtime.store import Unit
+from .._code.unit import Unit
 from ..errors import CodeChangedError, TrustRequiredError
 from . import policy as _policy
 

@@ -1,0 +1,181 @@
+"""Every setting codeferry reads from the environment, and the shared defaults: one table.
+
+Each value is read when it is asked for, never at import (vLLM's ``envs.py`` idea without its
+import-time reads): a test, a worker or a user may change the environment after ``import
+codeferry``, and the next call sees it. No other module of the package reads
+``os.environ`` (``tests/test_layers.py`` pins that), so this table is complete, and the
+settings page of the docs is generated from it (``markdown()``).
+
+Where a variable belongs to another library (``HF_HOME``, ``HF_HUB_CACHE``...), codeferry
+reads it with that library's rules, so both agree on where files are.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "SETTINGS",
+    "DEBUG_VARIABLES",
+    "DEFAULT_MAX_NEW_TOKENS",
+    "DEFAULT_RAY_SHIP_LIMIT",
+    "Setting",
+    "codeferry_home",
+    "cuda_visible_devices",
+    "debug",
+    "hub_cache",
+    "hub_endpoint",
+    "lock_file",
+    "markdown",
+    "modules_cache",
+    "offline_reason",
+    "quiet_hub_progress",
+    "ray_address",
+    "ray_ship_limit",
+    "vllm_plugin_enabled",
+]
+
+#: New tokens a generate request gets when neither the caller nor the input line says.
+DEFAULT_MAX_NEW_TOKENS = 16
+#: Bytes of large files (weights) the Ray driver ships itself before nodes must have them.
+DEFAULT_RAY_SHIP_LIMIT = 2 * 1024**3
+DEFAULT_ENDPOINT = "https://huggingface.co"
+#: Environment variables that turn ``--debug`` on (``HF_DEBUG``: huggingface_hub's own).
+DEBUG_VARIABLES = ("CODEFERRY_DEBUG", "HF_DEBUG")
+
+#: huggingface_hub's reading of a boolean environment variable.
+_TRUE = frozenset({"1", "ON", "YES", "TRUE"})
+_FALSE = frozenset({"0", "OFF", "NO", "FALSE"})
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment variable: its name, its default as the docs say it, what it does."""
+
+    name: str
+    default: str
+    meaning: str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("CODEFERRY_HOME", "`$XDG_CACHE_HOME/codeferry` (`~/.cache/codeferry`)",
+            "codeferry's content-addressed store of verified code (`<home>/v1/`)."),
+    Setting("CODEFERRY_LOCK", "unset",
+            "a `codeferry lock` file that every vLLM process enforces (the vLLM plugin)."),
+    Setting("CODEFERRY_VLLM_PLUGIN", "`1`",
+            "`0` (`false`, `no`, `off`) keeps codeferry's plugin out of vLLM's processes."),
+    Setting("CODEFERRY_RAY_SHIP_LIMIT", f"`{DEFAULT_RAY_SHIP_LIMIT}`",
+            "the most bytes of large files (weights) the Ray driver ships to nodes itself."),
+    Setting("CODEFERRY_DEBUG", "unset",
+            "a true value (`1`, `true`, `yes`, `on`) turns `--debug` on: full tracebacks."),
+    Setting("HF_DEBUG", "unset", "huggingface_hub's debug switch; turns `--debug` on too."),
+    Setting("HF_HOME", "`~/.cache/huggingface`",
+            "huggingface_hub's home: the hub cache (`hub/`) and transformers' module cache "
+            "(`modules/`) when their own variables are unset."),
+    Setting("HF_HUB_CACHE", "`$HF_HOME/hub`",
+            "where repo snapshots are found and downloaded (huggingface_hub's rules; "
+            "`HUGGINGFACE_HUB_CACHE` is its older name)."),
+    Setting("HUGGINGFACE_HUB_CACHE", "unset", "the older name of `HF_HUB_CACHE`."),
+    Setting("HF_MODULES_CACHE", "`$HF_HOME/modules`",
+            "transformers' module cache, where code it loaded itself is adopted from."),
+    Setting("HF_HUB_OFFLINE", "unset",
+            "a true value forbids downloads: what the cache lacks is a typed error."),
+    Setting("TRANSFORMERS_OFFLINE", "unset", "transformers' name for `HF_HUB_OFFLINE`."),
+    Setting("HF_ENDPOINT", f"`{DEFAULT_ENDPOINT}`", "the Hub that downloads come from."),
+    Setting("XDG_CACHE_HOME", "`~/.cache`",
+            "the base of codeferry's store and the Hugging Face caches when nothing above is set."),
+    Setting("RAY_ADDRESS", "unset", "the Ray cluster `backend='ray'` joins when no `--address`."),
+    Setting("CUDA_VISIBLE_DEVICES", "unset", "named in the error when torch sees no CUDA device."),
+)
+
+
+def _get(name: str) -> str | None:
+    value = os.environ.get(name)
+    return value if value is not None and value.strip() else None
+
+
+def _xdg_cache() -> Path:
+    return Path(_get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"))
+
+
+def codeferry_home() -> Path:
+    """The store's home: ``CODEFERRY_HOME`` or ``$XDG_CACHE_HOME/codeferry``."""
+    home = _get("CODEFERRY_HOME")
+    return Path(home).expanduser() if home else _xdg_cache() / "codeferry"
+
+
+def _hf_home() -> Path:
+    home = _get("HF_HOME")
+    return Path(home).expanduser() if home else _xdg_cache() / "huggingface"
+
+
+def hub_cache() -> Path:
+    """The hub cache with huggingface_hub's rules, as the environment says now."""
+    cache = _get("HF_HUB_CACHE") or _get("HUGGINGFACE_HUB_CACHE")
+    return Path(cache).expanduser() if cache else _hf_home() / "hub"
+
+
+def modules_cache() -> Path:
+    """transformers' module cache (``HF_MODULES_CACHE``, else ``$HF_HOME/modules``)."""
+    cache = _get("HF_MODULES_CACHE")
+    return Path(cache).expanduser() if cache else _hf_home() / "modules"
+
+
+def offline_reason(local_files_only: bool | None = None) -> str | None:
+    """What forbids downloading now (``"HF_HUB_OFFLINE=1"``...), or ``None``: nothing does."""
+    if local_files_only:
+        return "local_files_only=True"
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        value = os.environ.get(name)
+        if value is not None and value.strip().upper() in _TRUE:
+            return f"{name}={value}"
+    return None
+
+
+def hub_endpoint() -> str:
+    return (_get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+
+def debug() -> bool:
+    """Whether ``CODEFERRY_DEBUG`` or ``HF_DEBUG`` is set to a true value."""
+    return any((os.environ.get(name) or "").strip().upper() in _TRUE
+               for name in DEBUG_VARIABLES)
+
+
+def vllm_plugin_enabled() -> bool:
+    """Whether ``CODEFERRY_VLLM_PLUGIN`` leaves the vLLM plugin on (the default)."""
+    return (os.environ.get("CODEFERRY_VLLM_PLUGIN") or "1").strip().upper() not in _FALSE
+
+
+def lock_file() -> str | None:
+    """``CODEFERRY_LOCK``: the lock every vLLM process enforces, if one is set."""
+    value = os.environ.get("CODEFERRY_LOCK", "").strip()
+    return value or None
+
+
+def ray_ship_limit() -> int:
+    value = _get("CODEFERRY_RAY_SHIP_LIMIT")
+    return int(value) if value else DEFAULT_RAY_SHIP_LIMIT
+
+
+def ray_address() -> str | None:
+    return _get("RAY_ADDRESS")
+
+
+def cuda_visible_devices() -> str | None:
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def quiet_hub_progress() -> None:
+    """Turn huggingface_hub's progress bars off unless the user set them (the command line
+    draws its own)."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def markdown() -> str:
+    """The settings table of the docs (``docs/settings.md`` is regenerated from it)."""
+    rows = ["| variable | default | what it does |", "|---|---|---|"]
+    rows += [f"| `{s.name}` | {s.default} | {s.meaning} |" for s in SETTINGS]
+    return "\n".join(rows) + "\n"
