@@ -34,9 +34,8 @@ def nodes() -> None:
 def _reference(model: str, kind: str, texts: list[str], cache_dir: str | None = None,
                **options: Any) -> list[Any]:
     """What a worker computes, computed here, in this process, one text at a time."""
-    from codeferry._trust.decide.options import ModelOptions
-
     from codeferry._exec.worker import WorkerSpec, _Engine
+    from codeferry._trust.options import ModelOptions
 
     engine = _Engine(WorkerSpec(model, ModelOptions(cache_dir=cache_dir, trust_remote_code=True),
                                 "cpu", None, 1, ()))
@@ -123,12 +122,11 @@ def _close(a: Any, b: Any) -> bool:
 
 def locked(model: str, other: str) -> None:
     """An actor pinned to node2 given a lock for other code refuses to run this code."""
-    from codeferry._trust.decide.options import ModelOptions
-
     import codeferry
     from codeferry._exec.ray_backend import RayTransport
     from codeferry._exec.scheduler import Scheduler
     from codeferry._exec.worker import WorkerSpec
+    from codeferry._trust.options import ModelOptions
 
     bundle = codeferry.resolve(model)
     lock = codeferry.Lock.from_bundle(codeferry.resolve(other))

@@ -33,7 +33,7 @@ def raise_foreign(engine: Any, model: str) -> None:
     """A compromised worker: drops its lock, loads code no lock lists, and raises an
     exception class that code defines (its reply names a module the parent does not have)."""
     from codeferry import load
-    from codeferry._trust.decide import policy as _policy
+    from codeferry._trust import policy as _policy
 
     _policy._locked = False
     classes = load(model, trust_remote_code=True)

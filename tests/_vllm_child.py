@@ -65,7 +65,7 @@ def _probe(what, obj, config):
     path = _os.environ.get("CODEFERRY_VLLM_PROBE")
     if not path:
         return
-    policy = _sys.modules.get("codeferry._trust.decide.policy")
+    policy = _sys.modules.get("codeferry._trust.policy")
     record = {
         "what": what, "pid": _os.getpid(),
         "config_module": type(config).__module__,

@@ -96,7 +96,7 @@ def factory_models(
 @pytest.fixture(autouse=True)
 def _unlocked_process() -> Iterator[None]:
     """Each test starts in a process no lock binds (a lock binds the process for good)."""
-    from codeferry._trust.decide import policy as _policy
+    from codeferry._trust import policy as _policy
 
     yield
     with _policy._lock:

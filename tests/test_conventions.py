@@ -4,7 +4,6 @@ codeferry``, and one version, written in ``pyproject.toml`` only."""
 
 from __future__ import annotations
 
-import ast
 import importlib.metadata
 import logging
 import re
@@ -140,82 +139,3 @@ def test_an_uninstalled_source_tree_reads_its_pyproject(tmp_path: Path) -> None:
     assert _version.from_pyproject(tmp_path / "absent.toml") is None
     (tree / "pyproject.toml").write_text('[tool.other]\nversion = "1.0"\n')
     assert _version.from_pyproject(tree / "pyproject.toml") is None
-
-
-# -- layering ---------------------------------------------------------------------------
-
-#: The private modules in dependency order, lowest first. A module imports (at module level,
-#: inside a function, or for type checking alike) only modules of its own layer or below, and
-#: never a name of the package facade (``codeferry/__init__.py``): the facade is for users.
-#: Modules that share a layer call each other back: ``load`` and the transformers hooks
-#: (``_adopt``, ``_model_types``) that answer transformers by calling ``load``; the
-#: registration with transformers and ``save_pretrained``'s hook. A new module gets a place
-#: here.
-LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors",),
-    ("_version", "_digest", "_graph", "_automap", "_source", "_checks", "_batching"),  # pure
-    ("_audit_findings", "_audit_rules", "_audit_names", "_audit_visitor"),  # pure: the audit
-    ("_requirements", "_store", "_policy", "_hub"),
-    ("_resolve",),
-    ("_lockfile", "_render", "_audit"),
-    ("_trust", "_loader"),
-    ("_options",),  # which model and whose code: one value from the command line to the worker
-    ("_pickling",),
-    ("_transformers", "_saving"),
-    ("_api", "_adopt", "_model_types"),
-    ("_generation",),
-    ("_worker", "_vllm"),
-    ("_zygote",),
-    ("_transport", "_ray"),  # how the scheduler reaches workers: local processes, Ray actors
-    ("_scheduler",),
-    ("_executor", "_doctor"),
-    ("_run",),
-    ("cli", "__main__", "__init__"),  # the top: the command line, the facade
-)
-_RANK = {name: rank for rank, layer in enumerate(LAYERS) for name in layer}
-
-
-def _package_imports(path: Path) -> list[tuple[int, str]]:
-    """``(line, target)`` of every import of codeferry in ``path``; ``"codeferry"`` for a
-    facade name (``from . import load``, ``import codeferry``), else the module's name."""
-    found: list[tuple[int, str]] = []
-    modules = {p.stem for p in SRC.glob("*.py")} | {p.name for p in SRC.iterdir() if p.is_dir()}
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names if a.name.split(".")[0] == "codeferry"]
-            found += [(node.lineno, n.split(".")[1] if "." in n else "codeferry") for n in names]
-        elif isinstance(node, ast.ImportFrom):
-            module = node.module or ""
-            if node.level == 0 and module.split(".")[0] == "codeferry":
-                module = module.partition(".")[2]
-            elif node.level != 1:
-                continue
-            if module:
-                found.append((node.lineno, module.split(".")[0]))
-            else:  # `from . import x`: a module of the package, or a name of the facade
-                found += [(node.lineno, a.name if a.name in modules else "codeferry")
-                          for a in node.names]
-    return found
-
-
-def test_every_module_has_a_layer() -> None:
-    assert sorted(p.stem for p in SRC.glob("*.py")) == sorted(_RANK)
-
-
-def test_no_module_imports_upward_or_through_the_facade() -> None:
-    upward = []
-    for path in sorted(SRC.glob("*.py")):
-        rank = _RANK[path.stem]
-        for line, target in _package_imports(path):
-            if target == "codeferry" and path.stem != "__init__":
-                upward.append(f"{path.name}:{line} imports the package facade")
-            elif target in _RANK and _RANK[target] > rank:
-                upward.append(f"{path.name}:{line} imports {target}, a higher layer")
-    assert upward == []
-
-
-def test_the_layering_check_sees_lazy_and_facade_imports(tmp_path: Path) -> None:
-    probe = tmp_path / "probe.py"
-    probe.write_text("def f():\n    from . import load\n    from ._api import load_pinned\n"
-                     "    import codeferry.cli\n    from codeferry import _run\n")
-    assert _package_imports(probe) == [(2, "codeferry"), (3, "_api"), (4, "cli"), (5, "_run")]

@@ -8,10 +8,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import codeferry._trust.decide.options as _options
 import pytest
 
 import codeferry
+import codeferry._trust.options as _options
 from codeferry._code.lockfile import Lock, read_lock
 from codeferry.cli import main
 from codeferry.errors import LockFormatError, LockMismatchError, TrustRequiredError

@@ -23,7 +23,7 @@ import transformers.modeling_utils  # noqa: F401
 
 import codeferry
 from codeferry._commands import doctor as _doctor
-from codeferry._trust.decide import options as _options
+from codeferry._trust import options as _options
 from codeferry.errors import CodeChangedError, RemoteTraceback
 from codeferry.testing import ModelSpec, write_model
 

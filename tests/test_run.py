@@ -19,11 +19,11 @@ import pytest
 # already imported here (instead of importing them in every worker).
 import torch  # noqa: F401
 import transformers.modeling_utils  # noqa: F401
-from codeferry._trust.decide.decide import DEMO_DIGEST
 
 import codeferry
 from codeferry import cli
 from codeferry._commands.run import read_inputs
+from codeferry._trust.decide import DEMO_DIGEST
 from codeferry.errors import InputFormatError
 from codeferry.testing import ModelSpec, write_model
 

@@ -21,7 +21,7 @@ import transformers.modeling_utils  # noqa: F401
 import codeferry
 from codeferry import cli
 from codeferry._commands.run import record_path, run
-from codeferry._trust.decide import options as _options
+from codeferry._trust import options as _options
 from codeferry.errors import CodeChangedError, ResumeMismatchError
 from codeferry.testing import ModelSpec, write_model
 

@@ -9,10 +9,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from codeferry._trust.decide.decide import DEMO_DIGEST, Decision, decide
 
 import codeferry
 from codeferry import cli
+from codeferry._trust.decide import DEMO_DIGEST, Decision, decide
 from codeferry.errors import LockMismatchError, TrustRequiredError
 
 DEMO = Path(cli._demo())

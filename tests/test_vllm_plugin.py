@@ -86,7 +86,7 @@ def locked_child(lock: str, other: str, locked_model: str) -> dict[str, Any]:
     from transformers import AutoConfig
 
     from codeferry._install import vllm as _vllm
-    from codeferry._trust.decide import policy as _policy
+    from codeferry._trust import policy as _policy
     from codeferry.errors import LockFormatError, LockMismatchError
 
     out: dict[str, Any] = {}

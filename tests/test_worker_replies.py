@@ -21,7 +21,7 @@ import transformers.modeling_utils  # noqa: F401
 import codeferry
 from codeferry._runtime import loader as _loader
 from codeferry._runtime.loader import units_of
-from codeferry._trust.decide import policy as _policy
+from codeferry._trust import policy as _policy
 from codeferry.errors import (
     BatchFailedError,
     RemoteTraceback,

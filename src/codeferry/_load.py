@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +27,32 @@ from .errors import (
     RemoteCodeExecutionError,
 )
 
-__all__ = ["load", "load_pinned", "load_with", "LoadResult", "class_key"]
+__all__ = ["load", "load_pinned", "load_with", "LoadResult", "Loaded", "after_load", "class_key"]
 
 logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What one ``load`` made here, as after-load callbacks receive it."""
+
+    root: str  # the model's folder
+    digest: str  # its code's digest
+    classes: Mapping[str, Any]  # auto_map key -> class, as registered with transformers
+
+
+#: Called after every ``load`` that loaded a class. ``_install`` subscribes the hooks that
+#: answer transformers for loaded models (the load never names them: no import runs back up).
+_after_load: list[Callable[[Loaded], None]] = []
+
+
+def after_load(callback: Callable[[Loaded], None]) -> None:
+    """Call ``callback`` after each load from now on (once, however often subscribed)."""
+    with _lock:
+        if callback not in _after_load:
+            _after_load.append(callback)
 
 
 def class_key(declared_in: str, key: str) -> str:
@@ -219,13 +241,11 @@ def load_with(
         _warn_once(bundle.digest, key, error)
     if failed and (strict or classes is not None or not loaded):
         _raise_failed(bundle, failed)
-    result = _as_mapping(loaded, registrations, bundle.origin.root, bundle.digest)
+    result = _as_mapping(loaded, registrations, bundle.origin.root)
     if loaded:
-        # Later from_pretrained(..., trust_remote_code=True) of this model: these classes,
-        # not a second execution of the same files under transformers_modules.
-        from ._install.adopt import answer_for_loaded
-
-        answer_for_loaded(str(bundle.origin.root))
+        event = Loaded(str(bundle.origin.root), bundle.digest, result)
+        for callback in list(_after_load):
+            callback(event)
     return LoadResult(result, failed)
 
 
@@ -287,7 +307,6 @@ def _warn_once(digest: str, key: str, error: CodeferryError) -> None:
 
 def _as_mapping(
     loaded: Mapping[ClassRef, Any], registrations: Mapping[str | None, _loader.Registration], root: Path,
-    digest: str,
 ) -> dict[str, Any]:
     classes: dict[str, Any] = {}
     owners: dict[type, _loader.Registration] = {}
@@ -308,14 +327,6 @@ def _as_mapping(
     except ImportError:
         return classes
     registered = _transformers.register_with_transformers(classes, owners)
-    config = registered.get("AutoConfig")
-    model_type: Any = getattr(config, "model_type", None)
-    if isinstance(config, type) and isinstance(model_type, str) and model_type:
-        # transformers holds one class per model_type: never hand it to another model's files
-        from ._install import model_types as _model_types
-
-        _model_types.install_config_guard()
-        _model_types.record(model_type, str(root), digest, config)
     if None in registrations:  # transformers reads the model's own files: the checked copies
         _transformers.serve_verified_files(registered, root, registrations[None])
     return registered

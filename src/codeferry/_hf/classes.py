@@ -36,22 +36,18 @@ from .._code.source import locate
 from .._runtime import loader as _loader
 from .._runtime import pickling as _pickling
 from ..errors import CodeferryError
+from . import patches
+from .saving import install_save_hook, save_as
 
 __all__ = ["register_with_transformers", "serve_verified_files", "with_generation_mixin"]
 
 
 
-_original_add_mixin: Any = None
-
-
 def _add_mixin() -> Any:
-    """transformers' own ``add_generation_mixin_to_remote_model``, captured before any hook."""
-    global _original_add_mixin
-    if _original_add_mixin is None:
-        from transformers.models.auto import auto_factory
+    """transformers' own ``add_generation_mixin_to_remote_model`` (never codeferry's hook)."""
+    from transformers.models.auto import auto_factory
 
-        _original_add_mixin = auto_factory.add_generation_mixin_to_remote_model
-    return _original_add_mixin
+    return patches.original(auto_factory, "add_generation_mixin_to_remote_model")
 
 
 #: ``auto_map`` keys of heads that generate: they get ``generate()`` whatever they define.
@@ -104,35 +100,16 @@ def install_generation_mixin_hook() -> None:
     """Route transformers' own remote path through ``with_generation_mixin`` too."""
     from transformers.models.auto import auto_factory
 
-    if getattr(auto_factory.add_generation_mixin_to_remote_model, "_codeferry", False):
+    if patches.patched(auto_factory, "add_generation_mixin_to_remote_model"):
         return
-    _add_mixin()  # capture the original before replacing it
 
     def add_generation_mixin_to_remote_model(model_class: type) -> type:
         name = getattr(model_class, "__name__", "")
         return with_generation_mixin(
             model_class, generative=name.endswith(("ForCausalLM", "ForConditionalGeneration")))
 
-    add_generation_mixin_to_remote_model._codeferry = True  # type: ignore[attr-defined]
-    auto_factory.add_generation_mixin_to_remote_model = add_generation_mixin_to_remote_model
-
-
-def rebind(name: str, old: Any, new: Any) -> None:
-    """Replace global ``name`` where it is ``old``, in every module imported so far.
-
-    transformers' Auto classes (and vLLM, pipelines) bind functions of
-    ``dynamic_module_utils`` by name at their import; modules imported later take the
-    attribute of ``dynamic_module_utils`` itself, which the caller replaces too. Reads
-    each module's ``__dict__`` directly: some modules (torch's class namespaces) answer
-    any attribute through a ``__getattr__`` that raises.
-    """
-    for module in list(sys.modules.values()):
-        try:
-            namespace = vars(module)
-        except TypeError:  # no __dict__
-            continue
-        if namespace.get(name) is old:
-            setattr(module, name, new)
+    patches.patch(auto_factory, "add_generation_mixin_to_remote_model",
+                  add_generation_mixin_to_remote_model)
 
 
 def _auto_class(key: str) -> Any:
@@ -153,8 +130,6 @@ def register_with_transformers(
     """
     out = dict(classes)
     config_cls = classes.get("AutoConfig")
-    from .saving import install_save_hook, save_as
-
     install_save_hook()
     for key, value in classes.items():
         for cls in value if isinstance(value, tuple) else (value,):

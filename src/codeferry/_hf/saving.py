@@ -18,16 +18,14 @@ and its code stays in that repo.
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
 from .._runtime import pickling as _pickling
+from . import patches
 
 __all__ = ["install_save_hook", "save_as", "save_code"]
 
-_lock = threading.Lock()
-_original: list[Any] = []
 
 
 def save_as(cls: type, key: str) -> None:
@@ -82,7 +80,9 @@ def save_code(obj: Any, folder: str | os.PathLike[str]) -> list[str]:
 def _custom_object_save(obj: Any, folder: str | os.PathLike[str], config: Any = None) -> Any:
     cls = obj if isinstance(obj, type) else type(obj)
     if not _pickling.is_ferried(cls):
-        return _original[0](obj, folder, config=config)
+        import transformers.dynamic_module_utils as dmu
+
+        return patches.original(dmu, "custom_object_save")(obj, folder, config=config)
     key = getattr(cls, "_auto_class", None)
     configs = [c for c in (config if isinstance(config, (list, tuple)) else [config])
                if c is not None]
@@ -103,12 +103,4 @@ def install_save_hook() -> None:
     """Answer ``custom_object_save`` for codeferry classes (idempotent; others unchanged)."""
     import transformers.dynamic_module_utils as dmu
 
-    from .classes import rebind
-
-    with _lock:
-        if _original:
-            return
-        original = dmu.custom_object_save
-        _original.append(original)
-        rebind("custom_object_save", original, _custom_object_save)
-        dmu.custom_object_save = _custom_object_save
+    patches.patch(dmu, "custom_object_save", _custom_object_save, everywhere=True)

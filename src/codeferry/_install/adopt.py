@@ -44,9 +44,13 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import _load as _api
 from .._code.digest import unit_digest
+from .._code.resolve import read_class_refs
+from .._code.source import locate
 from .._code.unit import Unit
 from .._hf import classes as _transformers
+from .._hf import patches
 from .._runtime import loader as _loader
 from .._runtime import pickling as _pickling
 from .._trust import policy as _policy
@@ -55,7 +59,7 @@ from ..errors import CodeferryError, LockMismatchError, ModelNotFoundError
 if TYPE_CHECKING:
     from .._code.lockfile import Lock
 
-__all__ = ["install", "uninstall", "adopt_module", "answer_for_loaded", "install_for_engine"]
+__all__ = ["install", "uninstall", "adopt_module", "answer_for_loaded", "install_for_engine", "on_load"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +72,6 @@ _engine_lock: Lock | None = None
 _error_log: logging.Logger | None = None
 _logged: set[tuple[str, str]] = set()  # (reference, error): said once per process
 _loaded_roots: set[str] = set()  # load(): answer for these model folders only
-_originals: dict[str, Any] = {}  # what was replaced, to restore
 
 
 def _unit_files(folder: Path) -> dict[str, bytes]:
@@ -125,9 +128,6 @@ def _answer(
     reference: str, model: Any, revision: str | None, cache_dir: Any
 ) -> type | None:
     """codeferry's class for ``reference`` of ``model`` at ``revision``, or ``None`` to pass."""
-    from .. import _load as _api
-    from .._code.resolve import read_class_refs
-    from .._code.source import locate
 
     parts = _split_reference(reference)
     if parts is None:
@@ -210,17 +210,13 @@ def _hook() -> None:
     import transformers.dynamic_module_utils as dmu
 
     with _lock:
-        if "get_class_from_dynamic_module" in _originals:
+        if patches.patched(dmu, "get_class_from_dynamic_module"):
             return
-        original = dmu.get_class_from_dynamic_module
-        hooked = _hooked(original)
-        _originals["get_class_from_dynamic_module"] = original
         # The Auto classes (and vLLM, pipelines) bind the name at their import: replace it
         # in every module already imported; modules imported later take dmu's.
-        _transformers.rebind("get_class_from_dynamic_module", original, hooked)
-        dmu.get_class_from_dynamic_module = hooked
-        original_in_module = dmu.get_class_in_module
-        _originals["get_class_in_module"] = original_in_module
+        patches.patch(dmu, "get_class_from_dynamic_module",
+                      _hooked(dmu.get_class_from_dynamic_module), everywhere=True)
+        original_in_module = patches.original(dmu, "get_class_in_module")
 
         def get_class_in_module(class_name: str, module_path: Any, **kwargs: Any) -> Any:
             cls = original_in_module(class_name, module_path, **kwargs)
@@ -229,8 +225,14 @@ def _hook() -> None:
                 adopt_module(module)
             return cls
 
-        dmu.get_class_in_module = get_class_in_module
+        patches.patch(dmu, "get_class_in_module", get_class_in_module)
         _transformers.install_generation_mixin_hook()
+
+
+def on_load(event: _api.Loaded) -> None:
+    """After-load callback: later ``from_pretrained(..., trust_remote_code=True)`` of the loaded
+    model gets these classes, not a second execution of its files under transformers_modules."""
+    answer_for_loaded(event.root)
 
 
 def answer_for_loaded(root: str) -> None:
@@ -281,19 +283,12 @@ def install_for_engine(lock: Lock | None = None, *, log: logging.Logger = logger
 
 
 def uninstall() -> None:
-    """Give transformers its own remote-code loading back (classes already loaded stay)."""
+    """Give transformers every function codeferry patched back (classes already loaded stay;
+    a later ``load`` patches what it needs again)."""
     global _installed, _engine_lock, _error_log
-    import transformers.dynamic_module_utils as dmu
-
     with _lock:
         _installed = False
         _engine_lock = None
         _error_log = None
         _loaded_roots.clear()
-        original = _originals.pop("get_class_from_dynamic_module", None)
-        if original is not None:
-            _transformers.rebind("get_class_from_dynamic_module", dmu.get_class_from_dynamic_module,
-                                 original)
-        in_module = _originals.pop("get_class_in_module", None)
-        if in_module is not None:
-            dmu.get_class_in_module = in_module
+        patches.restore_all()

@@ -26,14 +26,17 @@ import os
 import threading
 from typing import Any
 
+from .. import _load as _api
+from .._code.resolve import resolve
+from .._code.source import locate
+from .._hf import patches
 from ..errors import ModelNotFoundError, ModelTypeConflictError
 
-__all__ = ["record", "owner_of", "install_config_guard"]
+__all__ = ["record", "owner_of", "install_config_guard", "on_load"]
 
 _lock = threading.Lock()
 _owners: dict[str, tuple[str, str]] = {}  # model_type -> (model root, code digest)
 _by_root: dict[str, Any] = {}  # model root -> the config class codeferry loaded for it
-_installed: list[Any] = []
 
 
 def record(model_type: str, root: str, digest: str, config_class: Any) -> None:
@@ -60,9 +63,6 @@ def _model_type_at(root: str) -> str | None:
 
 def _conflict(model: Any, kwargs: dict[str, Any]) -> Any:
     """The config class that must answer for ``model``, or ``None`` to let transformers."""
-    from .. import _load as _api
-    from .._code.resolve import resolve
-    from .._code.source import locate
 
     revision = kwargs.get("revision")
     try:
@@ -95,12 +95,22 @@ def _conflict(model: Any, kwargs: dict[str, Any]) -> Any:
     return classes.get("AutoConfig")
 
 
+def on_load(event: _api.Loaded) -> None:
+    """After-load callback: transformers holds one class per ``model_type``, so the loaded
+    model's config class owns it from now on, and no other model's files get that class."""
+    config = event.classes.get("AutoConfig")
+    model_type: Any = getattr(config, "model_type", None)
+    if isinstance(config, type) and isinstance(model_type, str) and model_type:
+        install_config_guard()
+        record(model_type, event.root, event.digest, config)
+
+
 def install_config_guard() -> None:
     """Check ``AutoConfig.from_pretrained`` against the registry's owners (idempotent)."""
     from transformers import AutoConfig
 
     with _lock:
-        if _installed:
+        if patches.patched(AutoConfig, "from_pretrained"):
             return
         original = AutoConfig.__dict__["from_pretrained"].__func__
 
@@ -114,5 +124,4 @@ def install_config_guard() -> None:
             return original(cls, pretrained_model_name_or_path, *args, **kwargs)
 
         from_pretrained.__wrapped__ = original  # type: ignore[attr-defined]
-        AutoConfig.from_pretrained = classmethod(from_pretrained)  # type: ignore[method-assign,assignment]
-        _installed.append(original)
+        patches.patch(AutoConfig, "from_pretrained", classmethod(from_pretrained))
