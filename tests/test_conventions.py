@@ -4,6 +4,7 @@ codeferry``, and one version, written in ``pyproject.toml`` only."""
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import logging
 import re
