@@ -193,7 +193,7 @@ def test_private_copies_of_killed_processes_are_swept(tmp_path: Path) -> None:
     ours = _loader._private_root()
     script = (
         "import os, signal, sys\n"
-        "from codeferry import _loader\n"
+        "from codeferry._runtime import loader as _loader\n"
         "from codeferry._code.digest import unit_digest\n"
         "from codeferry._runtime.store import Unit\n"
         "files = {'m.py': b'X = 1\\n'}\n"
@@ -214,7 +214,7 @@ def test_private_copies_of_killed_processes_are_swept(tmp_path: Path) -> None:
 def test_a_forked_child_never_removes_its_parents_copy_and_the_parent_does() -> None:
     script = (
         "import os, sys\n"
-        "from codeferry import _loader\n"
+        "from codeferry._runtime import loader as _loader\n"
         "from codeferry._code.digest import unit_digest\n"
         "from codeferry._runtime.store import Unit\n"
         "files = {'m.py': b'X = 2\\n'}\n"
@@ -323,14 +323,14 @@ def test_private_copies_of_processes_starting_together_are_never_swept() -> None
     while two processes fork 150 children each that make their folder and check it."""
     sweeper = (
         "import time\n"
-        "from codeferry import _loader\n"
+        "from codeferry._runtime import loader as _loader\n"
         "end = time.monotonic() + 60\n"
         "while time.monotonic() < end:\n"
         "    _loader._sweep_private()\n"
     )
     maker = (
         "import os\n"
-        "from codeferry import _loader\n"
+        "from codeferry._runtime import loader as _loader\n"
         "lost = 0\n"
         "for _ in range(150):\n"
         "    pid = os.fork()\n"

@@ -40,7 +40,7 @@ def test_every_logger_is_named_after_its_module() -> None:
                 calls.append((path.name, ast.unparse(node.args[0]) if node.args else ""))
     # One deliberate exception: inside vLLM, codeferry's errors go to a child of vLLM's own
     # logger, so they show in vLLM's output format, where vLLM says "Cannot find model module".
-    calls = [(name, arg) for name, arg in calls if (name, arg) != ("_vllm.py", "'vllm.codeferry'")]
+    calls = [(name, arg) for name, arg in calls if (name, arg) != ("vllm.py", "'vllm.codeferry'")]
     assert calls and all(arg == "__name__" for _, arg in calls), calls
     assert _scheduler.logger.name == "codeferry._exec.scheduler"
     parent = logging.getLogger("codeferry")  # configuring it configures every module's logger
@@ -67,7 +67,7 @@ def test_no_flock_is_a_warning(tmp_path: Path) -> None:
         "import sys, warnings\n"
         "sys.modules['fcntl'] = None  # this interpreter has no fcntl, as on Windows\n"
         "from pathlib import Path\n"
-        "from codeferry import _loader\n"
+        "from codeferry._runtime import loader as _loader\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    warnings.simplefilter('always')\n"
         f"    _loader._hold_alive(Path({str(tmp_path)!r}))\n"

@@ -23,7 +23,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "_version", "_settings"),  # nothing of codeferry's below them
     ("_code",),      # static: auto_map, import graph, sources, Hub, digests, lock, audit, resolve
     ("_trust",),     # the one trust decision, the process policy, the options value
-    ("_runtime",),   # store, private copies, finder and loader, pickling
+    ("_runtime", "_dyn"),  # store, private copies, finder and loader, pickling; _dyn: the
+    # package that registered units are executed under (codeferry._dyn.u<token>)
     ("_hf",),        # every patch of transformers, through one registry
     ("_load",),      # load(): resolve, decide, register, execute
     ("_install",),   # install(), adoption, model_type guard, vLLM plugin: after-load callbacks
@@ -33,7 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 _RANK = {name: rank for rank, layer in enumerate(LAYERS) for name in layer}
 #: Not layers of the library: the bundled demo model's code and the test-model factory.
-_OUTSIDE = ("demo", "_dyn", "testing")
+_OUTSIDE = ("demo", "testing")
 MAX_LINES = 500
 
 

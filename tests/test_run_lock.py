@@ -29,7 +29,8 @@ PROMPTS = DEMO / "prompts.txt"
 HOLDER = textwrap.dedent("""
     import multiprocessing, os, sys, time
     from pathlib import Path
-    from codeferry._commands.run import _Sink, read_inputs
+    from codeferry._commands.inputs import read_inputs
+    from codeferry._commands.output import Sink as _Sink
 
     sink = _Sink(Path(sys.argv[1]), sys.stdout)
     sink.open(read_inputs(sys.argv[2]), "generate")

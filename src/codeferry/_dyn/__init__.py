@@ -2,11 +2,11 @@
 
 Nothing lives here on disk. Importing this package (which any unpickling of a
 codeferry class by name does first) installs the finder that serves these names, from
-this process's registered units or from the store (see ``codeferry._loader``).
+this process's registered units or from the store (see ``codeferry._runtime.loader``).
 """
 
 from __future__ import annotations
 
-from .. import _loader
+from .._runtime import loader as _loader
 
 _loader.install_finder()
