@@ -1,4 +1,7 @@
-"""The README's Settings section lists every environment variable and option codeferry reads."""
+"""docs/settings.md lists every environment variable and option codeferry reads.
+
+The table lies between the markers ``<!-- settings:begin -->`` and ``<!-- settings:end -->``
+(where it can be regenerated)."""
 
 from __future__ import annotations
 
@@ -9,8 +12,9 @@ from pathlib import Path
 from codeferry import cli
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
-SETTINGS = README[README.index("## Settings\n"):].split("\n## ", 1)[0]
+PAGE = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
+BEGIN, END = "<!-- settings:begin -->", "<!-- settings:end -->"
+SETTINGS = PAGE[PAGE.index(BEGIN) + len(BEGIN):PAGE.index(END)]
 
 
 def _variables_read() -> set[str]:
@@ -29,7 +33,7 @@ def test_every_environment_variable_is_in_the_settings_table() -> None:
     read = _variables_read()
     assert {"CODEFERRY_HOME", "HF_HUB_CACHE", "HF_DEBUG"} <= read  # the scan finds them
     missing = sorted(name for name in read if f"`{name}`" not in SETTINGS)
-    assert not missing, f"add these to the README's Settings section: {missing}"
+    assert not missing, f"add these to docs/settings.md (between the settings markers): {missing}"
 
 
 def test_every_command_line_option_is_in_the_settings_table() -> None:
@@ -44,7 +48,7 @@ def test_every_command_line_option_is_in_the_settings_table() -> None:
             options.update(o for o in action.option_strings if o.startswith("--") and o != "--help")
     assert {"--cache-dir", "--revision", "--debug", "--version"} <= options
     missing = sorted(o for o in options if f"`{o}" not in SETTINGS)
-    assert not missing, f"add these to the README's Settings section: {missing}"
+    assert not missing, f"add these to docs/settings.md (between the settings markers): {missing}"
 
 
 def test_from_pretrained_vocabulary_is_in_the_settings_table() -> None:
