@@ -30,6 +30,7 @@ __all__ = [
     "lock_file",
     "markdown",
     "modules_cache",
+    "names",
     "offline_reason",
     "quiet_hub_progress",
     "ray_address",
@@ -52,42 +53,100 @@ _FALSE = frozenset({"0", "OFF", "NO", "FALSE"})
 
 @dataclass(frozen=True)
 class Setting:
-    """One environment variable: its name, its default as the docs say it, what it does."""
+    """One environment variable (or a few that mean one thing): its default, what it does."""
 
-    name: str
+    names: tuple[str, ...]  # one variable, or a few read together (the same meaning)
     default: str
     meaning: str
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("CODEFERRY_HOME", "`$XDG_CACHE_HOME/codeferry` (`~/.cache/codeferry`)",
-            "codeferry's content-addressed store of verified code (`<home>/v1/`)."),
-    Setting("CODEFERRY_LOCK", "unset",
-            "a `codeferry lock` file that every vLLM process enforces (the vLLM plugin)."),
-    Setting("CODEFERRY_VLLM_PLUGIN", "`1`",
-            "`0` (`false`, `no`, `off`) keeps codeferry's plugin out of vLLM's processes."),
-    Setting("CODEFERRY_RAY_SHIP_LIMIT", f"`{DEFAULT_RAY_SHIP_LIMIT}`",
-            "the most bytes of large files (weights) the Ray driver ships to nodes itself."),
-    Setting("CODEFERRY_DEBUG", "unset",
-            "a true value (`1`, `true`, `yes`, `on`) turns `--debug` on: full tracebacks."),
-    Setting("HF_DEBUG", "unset", "huggingface_hub's debug switch; turns `--debug` on too."),
-    Setting("HF_HOME", "`~/.cache/huggingface`",
-            "huggingface_hub's home: the hub cache (`hub/`) and transformers' module cache "
-            "(`modules/`) when their own variables are unset."),
-    Setting("HF_HUB_CACHE", "`$HF_HOME/hub`",
-            "where repo snapshots are found and downloaded (huggingface_hub's rules; "
-            "`HUGGINGFACE_HUB_CACHE` is its older name)."),
-    Setting("HUGGINGFACE_HUB_CACHE", "unset", "the older name of `HF_HUB_CACHE`."),
-    Setting("HF_MODULES_CACHE", "`$HF_HOME/modules`",
-            "transformers' module cache, where code it loaded itself is adopted from."),
-    Setting("HF_HUB_OFFLINE", "unset",
-            "a true value forbids downloads: what the cache lacks is a typed error."),
-    Setting("TRANSFORMERS_OFFLINE", "unset", "transformers' name for `HF_HUB_OFFLINE`."),
-    Setting("HF_ENDPOINT", f"`{DEFAULT_ENDPOINT}`", "the Hub that downloads come from."),
-    Setting("XDG_CACHE_HOME", "`~/.cache`",
-            "the base of codeferry's store and the Hugging Face caches when nothing above is set."),
-    Setting("RAY_ADDRESS", "unset", "the Ray cluster `backend='ray'` joins when no `--address`."),
-    Setting("CUDA_VISIBLE_DEVICES", "unset", "named in the error when torch sees no CUDA device."),
+    Setting(
+        ("CODEFERRY_HOME",),
+        "`$XDG_CACHE_HOME/codeferry`, else `~/.cache/codeferry`",
+        "codeferry's store of verified code units (`v1/units/<token>/`), written atomically under a file lock per unit",
+    ),
+    Setting(
+        ("XDG_CACHE_HOME",),
+        "`~/.cache`",
+        "the folder above the default store and the default hub cache",
+    ),
+    Setting(
+        ("HF_HUB_CACHE",),
+        "`$HF_HOME/hub`",
+        "the Hugging Face hub cache repo ids are found in (huggingface_hub's rule); `cache_dir=` / `--cache-dir` override it",
+    ),
+    Setting(
+        ("HF_HOME",),
+        "`~/.cache/huggingface` (`$XDG_CACHE_HOME/huggingface` for the hub cache)",
+        "the Hugging Face home: `hub/` (the hub cache) and `modules/` (transformers' module cache) below it",
+    ),
+    Setting(
+        ("HF_MODULES_CACHE",),
+        "`$HF_HOME/modules`",
+        "where transformers keeps the remote code it loads itself; packages codeferry registers under `transformers_modules.` names resolve there beside it",
+    ),
+    Setting(
+        ("CODEFERRY_VLLM_PLUGIN",),
+        "on",
+        '`0` keeps codeferry\'s plugin out of vLLM (see "Inside vLLM")',
+    ),
+    Setting(("CODEFERRY_LOCK",), "unset", "inside vLLM: a lock file every vLLM process enforces"),
+    Setting(
+        ("TMPDIR",),
+        "the system's temporary folder",
+        "where each process keeps its private, read-only copy of the checked code and assets (`codeferry-private-<pid>-*/`, removed at exit)",
+    ),
+    Setting(
+        ("CUDA_VISIBLE_DEVICES",),
+        "all devices",
+        "read to explain a `--device cuda:N` this machine does not show (`DeviceError`)",
+    ),
+    Setting(
+        ("CODEFERRY_DEBUG", "HF_DEBUG"),
+        "unset",
+        "`1` (or `true`, `yes`, `on`): every command prints whole tracebacks, as with `--debug`",
+    ),
+    Setting(
+        ("HF_HUB_DISABLE_PROGRESS_BARS",),
+        "set to `1` by `codeferry run` unless already set",
+        "keeps the workers' \"Loading weights\" bars off the terminal that shows the run's own bar",
+    ),
+    Setting(
+        ("COLUMNS", "LINES"),
+        "`80`, `20`",
+        "the size of `codeferry run`'s progress bar on a terminal that reports none",
+    ),
+    Setting(
+        ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"),
+        "unset",
+        "`1` (or `true`, `yes`, `on`): never download; a repo id the cache lacks raises `ModelNotCachedError`, and no request is sent",
+    ),
+    Setting(
+        ("HF_ENDPOINT",),
+        "`https://huggingface.co`",
+        "the Hub that repo ids are downloaded from (a mirror, or a private Hub)",
+    ),
+    Setting(
+        ("RAY_ADDRESS",),
+        "unset (a local cluster)",
+        'the Ray cluster `backend="ray"` / `--backend ray` joins when no `address=` / `--address` is given, as for `ray.init`',
+    ),
+    Setting(
+        ("CODEFERRY_RAY_SHIP_LIMIT",),
+        "`2147483648` (2 GiB)",
+        'with `backend="ray"`: the most bytes of weights the driver ships through Ray\'s object store; a node that lacks them in its own hub cache when they are larger fails with `WeightsTooLargeError` (see "Past one machine")',
+    ),
+    Setting(
+        ("HF_TOKEN",),
+        "unset, then the token `hf auth login` saved",
+        "the token sent for gated and private repos, read by huggingface_hub; `token=` / `--token` override it",
+    ),
+    Setting(
+        ("HUGGINGFACE_HUB_CACHE",),
+        "unset",
+        "the older name of `HF_HUB_CACHE` (huggingface_hub honours it; so does codeferry)",
+    ),
 )
 
 
@@ -140,8 +199,7 @@ def hub_endpoint() -> str:
 
 def debug() -> bool:
     """Whether ``CODEFERRY_DEBUG`` or ``HF_DEBUG`` is set to a true value."""
-    return any((os.environ.get(name) or "").strip().upper() in _TRUE
-               for name in DEBUG_VARIABLES)
+    return any((os.environ.get(name) or "").strip().upper() in _TRUE for name in DEBUG_VARIABLES)
 
 
 def vllm_plugin_enabled() -> bool:
@@ -174,8 +232,17 @@ def quiet_hub_progress() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
+def names() -> frozenset[str]:
+    """Every variable of the table."""
+    return frozenset(n for s in SETTINGS for n in s.names)
+
+
 def markdown() -> str:
     """The settings table of the docs (``docs/settings.md`` is regenerated from it)."""
-    rows = ["| variable | default | what it does |", "|---|---|---|"]
-    rows += [f"| `{s.name}` | {s.default} | {s.meaning} |" for s in SETTINGS]
+    rows = ["| variable | default | what |", "|---|---|---|"]
+    rows += [
+        "| " + ", ".join(f"`{n}`" for n in s.names) + f" | {s.default} | {s.meaning} |"
+        for s in SETTINGS
+    ]
     return "\n".join(rows) + "\n"
+
