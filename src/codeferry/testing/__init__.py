@@ -15,10 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from codeferry.testing._factory import (
-        DEMO_SPEC,
-        HELPER_KINDS,
-        LARGEST_SPEC,
-        ModelSpec,
         demo_model_path,
         write_demo_model,
         write_hub_model,
@@ -29,6 +25,7 @@ if TYPE_CHECKING:
         REAL_WORLD_KINDS,
         write_real_world_model,
     )
+    from codeferry.testing._spec import DEMO_SPEC, HELPER_KINDS, LARGEST_SPEC, ModelSpec
 
 __all__ = [
     "DEMO_SPEC",
@@ -45,11 +42,14 @@ __all__ = [
 ]
 
 _REAL_WORLD = {"MISSING_PACKAGES", "REAL_WORLD_KINDS", "write_real_world_model"}
+_SPEC = {"DEMO_SPEC", "HELPER_KINDS", "LARGEST_SPEC", "ModelSpec"}
 
 
 def __getattr__(name: str) -> Any:
     if name in _REAL_WORLD:
         return getattr(importlib.import_module("codeferry.testing._realworld"), name)
+    if name in _SPEC:
+        return getattr(importlib.import_module("codeferry.testing._spec"), name)
     if name in __all__:
         return getattr(importlib.import_module("codeferry.testing._factory"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -36,7 +36,8 @@ import json
 import os
 from pathlib import Path
 
-from ._factory import ModelSpec, write_model
+from ._factory import write_model
+from ._spec import ModelSpec
 
 __all__ = ["REAL_WORLD_KINDS", "MISSING_PACKAGES", "write_real_world_model"]
 
