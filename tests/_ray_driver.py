@@ -123,6 +123,7 @@ def _close(a: Any, b: Any) -> bool:
 def locked(model: str, other: str) -> None:
     """An actor pinned to node2 given a lock for other code refuses to run this code."""
     import codeferry
+    from codeferry._exec.plan import prepare
     from codeferry._exec.ray_backend import RayTransport
     from codeferry._exec.scheduler import Scheduler
     from codeferry._exec.worker import WorkerSpec
@@ -132,7 +133,9 @@ def locked(model: str, other: str) -> None:
     lock = codeferry.Lock.from_bundle(codeferry.resolve(other))
     spec = WorkerSpec(str(bundle.origin.root), ModelOptions(lock=lock), "cpu", None, 1,
                       ("generate",), bundle.digest)
-    transport = RayTransport(bundle, resources={"num_cpus": 0, "resources": {"node2": 0.01}})
+    # the parent's plan trusts this code; the actor's spec carries a lock for other code
+    plan = prepare(model, ModelOptions(trust_remote_code=True), local_device=False)
+    transport = RayTransport(plan, resources={"num_cpus": 0, "resources": {"node2": 0.01}})
     scheduler = Scheduler(transport, [spec], max_retries=0, startup_timeout=120)
     try:
         scheduler.start()

@@ -19,6 +19,8 @@ pins them.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import re
 from collections.abc import Iterable, Mapping
 from typing import Protocol
@@ -38,6 +40,22 @@ _TOKEN = re.compile(rf"[0-9a-f]{{{TOKEN_LENGTH}}}")
 def file_sha256(data: bytes) -> str:
     """The hex sha256 of one file's bytes."""
     return hashlib.sha256(data).hexdigest()
+
+
+def path_sha256(path: str | os.PathLike[str]) -> str:
+    """The hex sha256 of a file read in chunks (weights do not fit in memory twice)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def manifest_token(manifest: Mapping[str, object]) -> str:
+    """A short name for a file manifest (path -> hash and size): what a Ray node's copy of a
+    model folder is called, so that two drivers shipping the same files share one copy."""
+    text = json.dumps(manifest, sort_keys=True).encode()
+    return hashlib.sha256(text).hexdigest()[:TOKEN_LENGTH]
 
 
 def unit_digest(files: Mapping[str, bytes]) -> str:

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from .._code.lockfile import Lock
 from .._exec.checks import check_main_guard
+from .._exec.plan import prepare
 from .._exec.transport import Event, LocalTransport, Transport
 from .._exec.worker import WorkerSpec
 from .._load import load_pinned
@@ -157,9 +158,9 @@ def doctor(
     options = ModelOptions.of(locals())
     if backend == "local":
         check_main_guard(start_method)  # a worker would die bootstrapping, with exit code 1
-    bundle = options.resolve_code(model)
-    configs = options.locate_model(model, bundle, need="code")
-    decided = options.for_workers(options.decide(bundle, demo=True))
+    # configs only: a repo's code is fetched for the doctor, never its weights
+    plan = prepare(model, options, device="cpu", demo=True, need="code")
+    bundle, configs, decided = plan.bundle, plan.weights, plan.for_workers()
     # strict: the doctor's verdict covers every class, so one that cannot load fails it.
     classes = load_pinned(bundle.origin.root, bundle.digest, decided, strict=True)
     # The config of ``revision``, built by the class of the code loaded (code_revision's).
@@ -170,12 +171,11 @@ def doctor(
     if backend == "ray":
         from .._exec.ray_backend import RayTransport
 
-        transport = RayTransport(bundle, address=address,
-                                 model=None if options.own_code else configs)
+        transport = RayTransport(plan, address=address)
     else:
         transport = LocalTransport(start_method)
     spec = WorkerSpec(str(configs.root), decided, "cpu", None, 1, (), bundle.digest, serve=False,
-                      code=None if options.own_code else str(bundle.origin.root))
+                      code=plan.code_folder)
     request = transport.pack((doctor_checks, (transport.pack(config),), {}))
     events: queue.SimpleQueue[Event] = queue.SimpleQueue()
     channels = [transport.start(index, spec, events.put) for index in range(workers)]

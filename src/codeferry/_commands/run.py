@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Literal, TextIO
 
 from .._code.lockfile import Lock
-from .._exec.checks import check_device, dtype_name
-from .._exec.executor import Executor, Outcome, needed_classes
+from .._exec.executor import Executor, Outcome
+from .._exec.plan import prepare
 from .._trust.options import ModelOptions
 from ..errors import BatchFailedError
 from .inputs import TASKS, Id, InputItem, Task, read_inputs
@@ -123,13 +123,9 @@ def run(
     err = sys.stderr if stderr is None else stderr
     show = err.isatty() if progress is None else progress
     items = read_inputs(input_path, task)
-    dtype = dtype_name(dtype)  # recorded as its name: torch.float16 and "float16" agree
-    bundle = options.resolve_code(model, whole=True)
-    weights = options.locate_model(model, bundle)
-    bundle.check_classes(needed_classes((task,)))
-    decision = options.decide(bundle, demo=True)
-    if backend == "local":
-        check_device(device)  # before the output is opened (the executor checks again)
+    # Decided once, before the output is opened; the executor takes the plan as it is.
+    plan = prepare(model, options, tasks=(task,), device=device, dtype=dtype, demo=True,
+                   local_device=backend == "local")
 
     path = None if output is None or str(output) == "-" else Path(output)
     sink = Sink(path, out)
@@ -137,8 +133,8 @@ def run(
     record = None
     if path is not None:
         try:
-            record = check_record(path, producer(bundle, weights.name, task, max_new_tokens,
-                                                   pooling, dtype),
+            record = check_record(path, producer(plan.bundle, plan.weights.name, task,
+                                                 max_new_tokens, pooling, plan.dtype),
                                    bool(state.ids), force_resume)
         except BaseException:
             sink.close(discard=True)
@@ -160,15 +156,9 @@ def run(
         try:
             if path is not None and record is not None:
                 write_record(path, record)
-            # The code checked above, pinned: workers verify they run exactly its digest.
-            decided = options.keywords() | {"trust_remote_code": decision.trust_remote_code,
-                                            "lock": decision.lock}
-            executor = Executor(
-                str(bundle.origin.root) if options.own_code else model, workers=count,
-                start_method=start_method, device=device, dtype=dtype, batch_size=batch_size,
-                preload=(task,), digest=bundle.digest, backend=backend, address=address,
-                **decided,
-            )
+            # The plan checked above: workers verify they run exactly its digest.
+            executor = Executor(plan, workers=count, start_method=start_method,
+                                batch_size=batch_size, backend=backend, address=address)
         except BaseException:
             sink.close(discard=True)
             if path is not None and record is not None and not path.exists():

@@ -29,10 +29,11 @@ from typing import Any, Literal
 from .. import _settings
 from .._code.lockfile import Lock
 from .._runtime.loader import units_of
-from .._trust.decide import code_changed, record
+from .._trust.decide import record
 from .._trust.options import ModelOptions
 from .batching import batch_limits, estimate_tokens, fixed_batches, plan_batches
-from .checks import check_device, check_main_guard, dtype_name
+from .checks import check_main_guard
+from .plan import Plan, prepare
 from .scheduler import Batch, Call, Outcome, Scheduler
 from .transport import LocalTransport, Transport
 from .worker import WorkerSpec
@@ -50,17 +51,13 @@ BATCH_WINDOW = 1024
 PIPELINE = 2
 
 
-def needed_classes(tasks: Sequence[str]) -> set[str]:
-    """The ``auto_map`` keys workers load for ``tasks``: the config, tokenizer and model heads."""
-    return {"AutoConfig", "AutoTokenizer"} | {
-        "AutoModel" if task == "embed" else "AutoModelForCausalLM" for task in tasks}
-
-
 class Executor:
     """Batch inference of ``model`` on ``workers`` processes or Ray actors.
 
     ``model`` is a folder, a cached repo id or a snapshot folder of the hub cache, remote
-    code or not; workers get the snapshot folder, fenced like the repo. Remote code runs only
+    code or not; workers get the snapshot folder, fenced like the repo. It may also be a
+    ``Plan`` that ``prepare`` made (``run`` does): the model, its code, the trust decision,
+    the device and dtype are then the plan's, decided once, and not decided again here. Remote code runs only
     with ``trust_remote_code=True`` or a ``lock``, in the parent's decision and again in
     each worker, which loads and verifies the code itself.
 
@@ -105,7 +102,7 @@ class Executor:
 
     def __init__(
         self,
-        model: str | os.PathLike[str],
+        model: str | os.PathLike[str] | Plan,
         *,
         workers: int = 2,
         start_method: StartMethod = "spawn",
@@ -141,21 +138,17 @@ class Executor:
         if backend == "local":
             # Mistakes a worker would only report as an exit code: refused here, typed.
             check_main_guard("spawn" if warm else start_method)  # the zygote is spawned
-            check_device(device)  # (a Ray actor checks its own node's devices)
-        dtype = dtype_name(dtype)  # torch.float16 or "float16": the name travels
-        bundle = options.resolve_code(model, whole=True)
-        weights = options.locate_model(model, bundle)
-        if digest is not None and bundle.digest != digest:
-            raise code_changed(bundle, digest)
-        bundle.check_classes(needed_classes(preload))  # another class's problem is no matter
-        decision = options.decide(bundle)
+        plan = model if isinstance(model, Plan) else prepare(
+            model, options, tasks=preload, device=device, dtype=dtype, digest=digest,
+            local_device=backend == "local")
+        bundle, decision, device, dtype = plan.bundle, plan.decision, plan.device, plan.dtype
         if decision.lock is not None:
             # The parent unpickles its workers' replies (results, errors of classes the
             # model defines): it must refuse what its workers would refuse, from now on,
             # as ``load(model, lock=...)`` here would.
             record(decision, units_of(bundle).values())
         #: The folder the workers build the model from (config, tokenizer, weights).
-        self.model = str(weights.root)
+        self.model = str(plan.weights.root)
         #: The code decided on here; every worker, and every replacement, runs exactly it.
         self.digest = bundle.digest
         #: A fixed count per batch, in input order; ``None``: batches planned by tokens.
@@ -171,18 +164,16 @@ class Executor:
             (os.cpu_count() or 1) // workers)
         threads = threads_per_worker or max(1, int(cpus))
         specs = [
-            WorkerSpec(self.model, options.for_workers(decision),
+            WorkerSpec(self.model, plan.for_workers(),
                        device if backend == "ray" else _device_for(device, slot), dtype, threads,
-                       tuple(preload), self.digest, generate_path,
-                       code=None if options.own_code else str(bundle.origin.root))
+                       plan.tasks, self.digest, generate_path, code=plan.code_folder)
             for slot in range(workers)
         ]
         transport: Transport
         if backend == "ray":
             from .ray_backend import RayTransport
 
-            transport = RayTransport(bundle, address=address, resources=ray_resources,
-                                     model=None if options.own_code else weights)
+            transport = RayTransport(plan, address=address, resources=ray_resources)
         elif backend == "local":
             transport = LocalTransport(start_method, warm=warm)
         else:

@@ -26,8 +26,6 @@ without them in its own cache fails to start with ``WeightsTooLargeError``.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import queue
 import shutil
@@ -38,9 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import _settings
+from .._code.digest import file_sha256, manifest_token, path_sha256
 from .._code.source import WEIGHT_SUFFIXES, ModelOrigin, list_files
 from .._runtime.store import store_root
 from ..errors import ClusterError, ExtraMissingError, WeightsTooLargeError
+from .plan import Plan
 from .transport import Event, Post
 from .worker import WorkerSpec, error_payload, remote_error, unpack_reply
 
@@ -82,14 +82,6 @@ class Ferry:
         return sum(size for rel, (_, size) in self.manifest.items() if not is_weight(rel))
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def build_ferry(bundle: Any, model: ModelOrigin | None = None) -> Ferry:
     """Put the model folder of ``bundle`` into the object store (the driver's side).
 
@@ -103,12 +95,12 @@ def build_ferry(bundle: Any, model: ModelOrigin | None = None) -> Ferry:
     if model is not None:
         files |= {f"{CODE_FOLDER}/{rel}": path for rel, path in list_files(bundle.origin).items()
                   if not is_weight(rel)}
-    manifest = {rel: (_sha256(path), path.stat().st_size) for rel, path in files.items()}
+    manifest = {rel: (path_sha256(path), path.stat().st_size) for rel, path in files.items()}
     small = {rel: files[rel].read_bytes() for rel in manifest if not is_weight(rel)}
     for rel, data in cross_repo_files(bundle).items():
-        manifest[rel] = (hashlib.sha256(data).hexdigest(), len(data))
+        manifest[rel] = (file_sha256(data), len(data))
         small[rel] = data
-    token = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:32]
+    token = manifest_token(manifest)
     big = {rel: size for rel, (_, size) in manifest.items() if is_weight(rel)}
     shipped = sum(big.values()) <= _settings.ray_ship_limit()
     large = {rel: ray.put(files[rel].read_bytes()) for rel in big} if shipped else {}
@@ -146,7 +138,7 @@ def _cached_copy(ferry: Ferry, rel: str) -> Path | None:
         real = path.resolve(strict=True)
     except OSError:
         return None
-    return real if _sha256(real) == ferry.manifest[rel][0] else None
+    return real if path_sha256(real) == ferry.manifest[rel][0] else None
 
 
 def materialize(ferry: Ferry) -> tuple[Path, dict[str, Any]]:
@@ -189,7 +181,7 @@ def materialize(ferry: Ferry) -> tuple[Path, dict[str, Any]]:
                         path=rel, fix="download the model into each node's Hugging Face cache "
                         "at the same commit (`hf download REPO --revision COMMIT`), or raise "
                         "CODEFERRY_RAY_SHIP_LIMIT.")
-                if hashlib.sha256(data).hexdigest() != sha:
+                if file_sha256(data) != sha:
                     raise ClusterError(f"{rel} arrived with other bytes than the driver sent.",
                                        path=rel, fix="run again; report it if it persists.")
                 target.write_bytes(data)
@@ -325,9 +317,8 @@ class RayTransport:
         install_cloudpickle_support()
         return bytes(cloudpickle.dumps(payload))
 
-    def __init__(self, bundle: Any, *, address: str | None = None,
-                 resources: dict[str, Any] | None = None,
-                 model: ModelOrigin | None = None) -> None:
+    def __init__(self, plan: Plan, *, address: str | None = None,
+                 resources: dict[str, Any] | None = None) -> None:
         ray = ray_module()
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
@@ -337,7 +328,8 @@ class RayTransport:
         self._actor = ray.remote(RayWorker).options(
             max_restarts=0, max_task_retries=0, max_concurrency=1,
             scheduling_strategy="SPREAD", **options)
-        self.ferry = build_ferry(bundle, model)
+        # The plan's code, and the weights' own folder when they are another revision's.
+        self.ferry = build_ferry(plan.bundle, None if plan.options.own_code else plan.weights)
 
     def start(self, slot: int, spec: WorkerSpec, post: Post) -> _RayChannel:
         actor = self._actor.remote()
