@@ -53,7 +53,7 @@ from .._hf import classes as _transformers
 from .._hf import patches
 from .._runtime import loader as _loader
 from .._runtime import pickling as _pickling
-from .._trust import policy as _policy
+from .._trust.decide import transformers_ran
 from ..errors import CodeferryError, LockMismatchError, ModelNotFoundError
 
 if TYPE_CHECKING:
@@ -103,9 +103,7 @@ def adopt_module(module: Any) -> None:
         p.rsplit("/", 1)[0].replace("/", ".") for p in files if p.endswith("/__init__.py")
     )
     unit = Unit(unit_digest(files), files, (), packages, package)
-    # transformers ran this code because the caller passed trust_remote_code=True:
-    # that decision is this process's trust in exactly these bytes.
-    _policy.allow({unit.digest}, from_lock=False)
+    transformers_ran(unit.digest)
     with _lock:
         registration = _loader.register(unit, package)
         for mod_name, mod in list(sys.modules.items()):

@@ -30,6 +30,7 @@ from .. import _load as _api
 from .._code.resolve import resolve
 from .._code.source import locate
 from .._hf import patches
+from .._trust.decide import caller_trusts
 from ..errors import ModelNotFoundError, ModelTypeConflictError
 
 __all__ = ["record", "owner_of", "install_config_guard", "on_load"]
@@ -81,7 +82,7 @@ def _conflict(model: Any, kwargs: dict[str, Any]) -> Any:
                      requirements=False)
     if bundle.digest == owner[1]:
         return None  # the same code: the registered class is this model's class
-    if not kwargs.get("trust_remote_code"):
+    if not caller_trusts(kwargs):
         raise ModelTypeConflictError(
             f"{origin.name} has model_type {model_type!r}, which this process has registered to "
             f"the code of {owner[0]} (digest {owner[1]}); {origin.name}'s code differs "

@@ -45,13 +45,9 @@ def register() -> None:
         import transformers.dynamic_module_utils  # noqa: F401
     except ImportError:  # no transformers here: no remote code to route
         return
+    from .._trust.decide import environment_lock
     from .adopt import install_for_engine
 
-    lock = None
-    path = _settings.lock_file()
-    if path:
-        from .._code.lockfile import read_lock
-
-        lock = read_lock(path)
+    lock = environment_lock()
     # a child of vLLM's logger: the error reads like vLLM's own lines, in every process
     install_for_engine(lock, log=logging.getLogger("vllm.codeferry"))

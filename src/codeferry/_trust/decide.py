@@ -13,6 +13,15 @@ trusted the bundled demo, ``doctor`` did so only from the command line). They no
    every worker verifies those bytes again;
 4. anything else: ``TrustRequiredError``, listing the files that would run.
 
+Three decisions are made for code that transformers, not codeferry, was asked to run; they
+are here too, so that no other module decides trust:
+
+- ``transformers_ran``: transformers executed code itself (its own ``trust_remote_code``
+  check passed), so this process trusts exactly those bytes when codeferry adopts them;
+- ``caller_trusts``: a ``from_pretrained`` call that codeferry answers instead of
+  transformers carries the caller's decision in its ``trust_remote_code`` keyword;
+- ``environment_lock``: the lock that binds every process of an engine (``CODEFERRY_LOCK``).
+
 A decision is about one digest, not a folder: ``code_changed`` is the error of a process
 that finds other code than the digest its parent decided on. ``record`` makes a decision
 this process's own (``_policy``): what may run here, and whether a lock binds it.
@@ -21,9 +30,11 @@ this process's own (``_policy``): what may run here, and whether a lock binds it
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from .. import _settings
 from .._code.automap import qualified
 from .._code.lockfile import Lock, read_lock
 from .._code.resolve import Bundle
@@ -31,7 +42,10 @@ from .._code.unit import Unit
 from ..errors import CodeChangedError, TrustRequiredError
 from . import policy as _policy
 
-__all__ = ["DEMO_DIGEST", "Decision", "decide", "record", "trust_error", "code_changed"]
+__all__ = [
+    "DEMO_DIGEST", "Decision", "caller_trusts", "code_changed", "decide", "environment_lock",
+    "record", "transformers_ran", "trust_error",
+]
 
 #: Digest of the code of the bundled demo model (``codeferry/demo``), the only remote code
 #: ``run`` and ``doctor`` execute without ``trust_remote_code`` or a lock. A test checks it
@@ -70,6 +84,25 @@ def decide(
 def record(decision: Decision, units: Iterable[Unit]) -> None:
     """Make ``decision`` this process's: ``units`` may run here, and a lock binds it from now on."""
     _policy.allow({u.digest for u in units}, from_lock=decision.lock is not None)
+
+
+def transformers_ran(digest: str) -> None:
+    """transformers executed the code of ``digest`` (the caller passed it
+    ``trust_remote_code=True``): that decision is this process's trust in exactly those bytes."""
+    _policy.allow({digest}, from_lock=False)
+
+
+def caller_trusts(kwargs: Mapping[str, Any]) -> bool:
+    """Whether a ``from_pretrained`` call's keywords trust the model's remote code."""
+    return bool(kwargs.get("trust_remote_code"))
+
+
+def environment_lock() -> Lock | None:
+    """The lock ``CODEFERRY_LOCK`` names, which every process of an engine enforces, or
+    ``None``. A named lock that cannot be read raises ``LockFormatError``: with a lock asked
+    for, nothing runs unchecked."""
+    path = _settings.lock_file()
+    return read_lock(path) if path else None
 
 
 def trust_error(bundle: Bundle) -> TrustRequiredError:
