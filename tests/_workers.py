@@ -74,6 +74,16 @@ def ray_describe(objs: Any) -> list[dict[str, Any]]:
     return describe_all(objs)
 
 
+def code_and_weights(worker: Any) -> dict[str, Any]:
+    """Runs in a worker (``collective_rpc``): which code built its model, and a checksum of the
+    weights it holds (``_helpers.checksum`` computes it from the files)."""
+    model = worker.models["AutoModelForCausalLM"]
+    config_module = sys.modules[type(model.config).__module__]
+    return {"config_has_defaults": hasattr(config_module, "DEFAULTS"),
+            "config_class": type(model.config).__qualname__,
+            "checksum": float(sum(p.double().sum() for p in model.state_dict().values()))}
+
+
 if __name__ == "__main__":
     # Fresh-interpreter receiver: nothing but pickle on stdin, JSON on stdout.
     import json

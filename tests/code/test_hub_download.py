@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _helpers import ROOT
 from _hub_server import FakeHub, Repo, add_commit
 
 import codeferry
@@ -39,7 +40,6 @@ SPECS = {  # each commit has its own code, so that a digest tells which one was 
     "pinned": ModelSpec(name="pinny"),  # a commit no ref points to
     "gated": ModelSpec(name="gatey", tokenizer=True),
 }
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

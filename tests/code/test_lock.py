@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _helpers import TESTS
 
 import codeferry
 import codeferry._trust.options as _options
@@ -17,7 +18,7 @@ from codeferry.cli import main
 from codeferry.errors import LockFormatError, LockMismatchError, TrustRequiredError
 from codeferry.testing import ModelSpec, write_model
 
-GOLDEN = Path(__file__).with_name("golden") / "lock_v1.txt"
+GOLDEN = TESTS / "golden" / "lock_v1.txt"
 _count = itertools.count()
 
 

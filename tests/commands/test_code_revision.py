@@ -5,17 +5,17 @@ model from another revision's config and weights, as transformers does."""
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import _workers
 import pytest
 
 # Workers forked from this process start in about a second with these imported here.
 import torch  # noqa: F401
 import transformers.modeling_utils  # noqa: F401
-from safetensors.torch import load_file
+from _helpers import checksum
 
 import codeferry
 from codeferry import cli
@@ -37,21 +37,6 @@ def two_revisions(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path,
     return cache, first, second
 
 
-def code_and_weights(worker: Any) -> dict[str, Any]:
-    """Runs in a worker: which code built its model, and a checksum of the weights it holds."""
-    model = worker.models["AutoModelForCausalLM"]
-    config_module = sys.modules[type(model.config).__module__]
-    return {"config_has_defaults": hasattr(config_module, "DEFAULTS"),
-            "config_class": type(model.config).__qualname__,
-            "checksum": float(sum(p.double().sum() for p in model.state_dict().values()))}
-
-
-def checksum(snapshot: Path) -> float:
-    """What ``code_and_weights`` reports of the weights in ``snapshot``."""
-    weights = load_file(str(snapshot / "model.safetensors"))
-    return float(sum(t.double().sum() for t in weights.values()))
-
-
 def test_executor_workers_run_the_code_of_code_revision_with_the_weights_of_revision(
     two_revisions: tuple[Path, Path, Path],
 ) -> None:
@@ -59,14 +44,14 @@ def test_executor_workers_run_the_code_of_code_revision_with_the_weights_of_revi
     old_code = codeferry.resolve("acme/versy", revision=first.name, cache_dir=cache).digest
     with codeferry.Executor("acme/versy", revision=second.name, cache_dir=cache,
                             **FORK) as own:
-        [mine] = own.collective_rpc(code_and_weights)
+        [mine] = own.collective_rpc(_workers.code_and_weights)
         own_texts = own.generate(["hello", "abc"], max_new_tokens=3)
     assert mine["config_has_defaults"]  # the second commit's own code
     with codeferry.Executor("acme/versy", revision=second.name, code_revision=first.name,
                             cache_dir=cache, **FORK) as ex:
         assert ex.digest == old_code  # what every worker verified before executing anything
         assert ex.model == str(second.resolve())  # built from the revision's folder
-        [theirs] = ex.collective_rpc(code_and_weights)
+        [theirs] = ex.collective_rpc(_workers.code_and_weights)
         texts = ex.generate(["hello", "abc"], max_new_tokens=3)
     assert not theirs["config_has_defaults"]  # the first commit's code built the model...
     assert theirs["config_class"] == mine["config_class"] == "VersyConfig"

@@ -14,10 +14,10 @@ import pytest
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 ray = pytest.importorskip("ray")
 
-sys.path.insert(0, os.path.dirname(__file__))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the helper modules
+sys.path.insert(0, TESTS)
 import _workers  # noqa: E402
-import test_code_revision as code_revision  # noqa: E402
-import test_travel as travel  # noqa: E402
+from _helpers import checksum, load_objects, travel_model  # noqa: E402
 
 import codeferry  # noqa: E402
 from codeferry.testing import ModelSpec, write_hub_model  # noqa: E402
@@ -25,7 +25,7 @@ from codeferry.testing import ModelSpec, write_hub_model  # noqa: E402
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[Any]:
-    os.environ["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), *sys.path])
+    os.environ["PYTHONPATH"] = os.pathsep.join([TESTS, *sys.path])
     ray.init(
         num_cpus=1, _node_ip_address="127.0.0.1", include_dashboard=False,
         log_to_driver=False, configure_logging=False,
@@ -35,7 +35,7 @@ def ray_cluster() -> Iterator[Any]:
 
 
 def test_ray_task_receives_instances_and_classes(ray_cluster: Any, tmp_path: Path) -> None:
-    objs = travel.load_objects(travel.fresh_model(tmp_path))
+    objs = load_objects(travel_model(tmp_path))
     expected = _workers.describe_all(objs)
     task = ray_cluster.remote(_workers.ray_describe)
     assert ray_cluster.get(task.remote(objs), timeout=300) == expected
@@ -56,7 +56,7 @@ def test_ray_actors_run_the_code_of_code_revision_with_the_weights_of_revision(
     with codeferry.Executor("acme/versy", revision=second.name, code_revision=first.name,
                             cache_dir=tmp_path, trust_remote_code=True, backend="ray",
                             workers=1, ray_resources={"num_cpus": 1}) as ex:
-        [seen] = ex.collective_rpc(code_revision.code_and_weights)
+        [seen] = ex.collective_rpc(_workers.code_and_weights)
         assert ex.generate(["hello"], max_new_tokens=2)
     assert not seen["config_has_defaults"]  # the first commit's code...
-    assert seen["checksum"] == pytest.approx(code_revision.checksum(second))  # ...the second's weights
+    assert seen["checksum"] == pytest.approx(checksum(second))  # ...the second's weights

@@ -5,14 +5,12 @@ from __future__ import annotations
 import pickle
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from _helpers import ROOT
 
 import codeferry
 from codeferry import errors
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_public_api_is_pinned() -> None:

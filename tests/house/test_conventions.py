@@ -13,14 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from _helpers import ROOT, SRC
 
 import codeferry
 from codeferry import _settings, _version, cli
 from codeferry._exec import scheduler as _scheduler
 from codeferry.testing import ModelSpec, write_model
 
-ROOT = Path(__file__).resolve().parents[1]
-SRC = ROOT / "src" / "codeferry"
 # the [project] table's version (the first table of the file; no tomllib on Python 3.10)
 PYPROJECT_VERSION = re.findall(r'^version = "([^"]+)"$', (ROOT / "pyproject.toml").read_text(),
                                re.MULTILINE)[0]

@@ -15,8 +15,7 @@ import re
 from pathlib import Path
 
 import pytest
-
-SRC = Path(__file__).resolve().parents[1] / "src" / "codeferry"
+from _helpers import SRC
 
 #: Lowest first. A new module or subpackage gets a place here.
 LAYERS: tuple[tuple[str, ...], ...] = (

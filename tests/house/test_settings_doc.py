@@ -8,14 +8,14 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from pathlib import Path
+
+from _helpers import ROOT
 
 from codeferry import _settings, cli
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs"))
+sys.path.insert(0, str(ROOT / "docs"))
 import gen_settings
 
-ROOT = Path(__file__).resolve().parents[1]
 PAGE = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
 BEGIN, END = "<!-- settings:begin -->", "<!-- settings:end -->"
 SETTINGS = PAGE[PAGE.index(BEGIN) + len(BEGIN):PAGE.index(END)]

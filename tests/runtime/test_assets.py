@@ -35,10 +35,11 @@ from codeferry._runtime import pickling as _pickling
 from codeferry._runtime.store import Unit
 from codeferry.testing import ModelSpec, write_hub_model, write_model
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the helper modules
 import _asset_workers
+from _helpers import TESTS
 
-ASSET_WORKERS = Path(__file__).with_name("_asset_workers.py")
+ASSET_WORKERS = TESTS / "_asset_workers.py"
 
 CONFIG_JSON = {
     "model_type": "tamperlm",

@@ -25,7 +25,7 @@ from codeferry import errors
 from codeferry.cli import main
 from codeferry.testing import MISSING_PACKAGES, REAL_WORLD_KINDS, write_real_world_model
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the helper modules
 import _perclass_child
 
 MODELS = ("AutoModel", "AutoModelForCausalLM")

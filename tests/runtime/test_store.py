@@ -14,13 +14,14 @@ import types
 from pathlib import Path
 
 import pytest
+from _helpers import ROOT
 
 from codeferry._code.digest import token_of, unit_digest
 from codeferry._runtime import loader as _loader
 from codeferry._runtime.store import Unit, read_unit, unit_path, write_unit
 from codeferry.errors import StoreCorruptError, StoreUnavailableError
 
-STRESS_SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "stress_store.py"
+STRESS_SCRIPT = ROOT / "benchmarks" / "stress_store.py"
 
 
 def _load_stress() -> types.ModuleType:

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from _helpers import SRC
 
 from codeferry._code.digest import unit_digest
 from codeferry._runtime.store import Unit, read_unit, write_unit
 from codeferry.errors import StorePermissionError, StoreUnavailableError
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "codeferry"
 ATTACKER = "cfstoreattacker"
 
 FILES = {

@@ -7,7 +7,6 @@ Each receiver checks ``type(obj)`` is the class its own process resolves by name
 from __future__ import annotations
 
 import concurrent.futures as cf
-import itertools
 import json
 import multiprocessing as mp
 import os
@@ -22,32 +21,17 @@ from typing import Any
 import cloudpickle
 import pytest
 import torch.multiprocessing as tmp
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM
 
 import codeferry
 from codeferry.testing import ModelSpec, write_model
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the helper modules
 import _workers
+from _helpers import TESTS, load_objects, travel_model, unique_name
 
 METHODS = ["spawn", "forkserver", "fork"]
-WORKERS = Path(__file__).with_name("_workers.py")
-_count = itertools.count()
-
-
-def fresh_model(root: Path, **kw: Any) -> Path:
-    name = f"t{next(_count)}"
-    spec = ModelSpec(name=name, helpers=("subpackage", "from_dot", "flat"), asset=True,
-                     tokenizer=True, **kw)
-    return write_model(root / name, spec)
-
-
-def load_objects(path: Path) -> list[Any]:
-    classes = codeferry.load(path, trust_remote_code=True)
-    config = AutoConfig.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path).eval()
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    return [config, model, tokenizer, classes["AutoConfig"], classes["AutoModelForCausalLM"]]
+WORKERS = TESTS / "_workers.py"
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +57,7 @@ def test_pools_started_before_load_receive_everything(
     method: str, pools: dict[str, Any], tmp_path: Path
 ) -> None:
     executor, pool = pools[method]  # started before this model is loaded
-    objs = load_objects(fresh_model(tmp_path))
+    objs = load_objects(travel_model(tmp_path))
     expected = _workers.describe_all(objs)
     assert all(d["canonical"] for d in expected)
     assert executor.submit(_workers.describe_all, objs).result(180) == expected
@@ -82,7 +66,7 @@ def test_pools_started_before_load_receive_everything(
 
 @pytest.mark.parametrize("method", METHODS)
 def test_process_arguments_and_a_grandchild(method: str, tmp_path: Path) -> None:
-    objs = load_objects(fresh_model(tmp_path))
+    objs = load_objects(travel_model(tmp_path))
     expected = _workers.describe_all(objs)
     ctx = tmp.get_context(method)  # torch.multiprocessing: its pickler, its reducers
     queue = ctx.Queue()
@@ -110,7 +94,7 @@ def run_receiver(data: bytes, env: dict[str, str] | None = None, cwd: str | None
 
 
 def test_fresh_interpreter_that_only_unpickles(tmp_path: Path) -> None:
-    objs = load_objects(fresh_model(tmp_path))
+    objs = load_objects(travel_model(tmp_path))
     assert run_receiver(pickle.dumps(objs)) == as_json(_workers.describe_all(objs))
 
 
@@ -125,7 +109,7 @@ def other_machine_env(root: Path) -> dict[str, str]:
 
 def test_another_machine_with_empty_caches_and_no_model_folder(tmp_path: Path) -> None:
     model_root = tmp_path / "gone"
-    objs = load_objects(fresh_model(model_root))
+    objs = load_objects(travel_model(model_root))
     expected = as_json(_workers.describe_all(objs))
     instances = pickle.dumps(objs[:3])
     instances_cp = cloudpickle.dumps(objs[:3])
@@ -140,7 +124,7 @@ def test_another_machine_with_empty_caches_and_no_model_folder(tmp_path: Path) -
 def test_class_alone_through_rays_cloudpickle_to_another_machine(tmp_path: Path) -> None:
     ray_cloudpickle = pytest.importorskip("ray.cloudpickle")
     model_root = tmp_path / "gone"
-    objs = load_objects(fresh_model(model_root))
+    objs = load_objects(travel_model(model_root))
     data = ray_cloudpickle.dumps(objs[3:])
     shutil.rmtree(model_root)
     got = run_receiver(data, other_machine_env(tmp_path / "m"), cwd=str(tmp_path))
@@ -150,7 +134,7 @@ def test_class_alone_through_rays_cloudpickle_to_another_machine(tmp_path: Path)
 def test_multiprocessing_messages_stay_small(tmp_path: Path) -> None:
     from multiprocessing.reduction import ForkingPickler
 
-    config = load_objects(fresh_model(tmp_path))[0]
+    config = load_objects(travel_model(tmp_path))[0]
     first = bytes(ForkingPickler.dumps(config))
     later = bytes(ForkingPickler.dumps(config))
     assert len(later) <= 2 * len(config.to_json_string())
@@ -163,7 +147,7 @@ def test_install_makes_plain_transformers_objects_travel(
     method: str, pools: dict[str, Any], tmp_path: Path
 ) -> None:
     executor, _ = pools[method]
-    name = f"t{next(_count)}"
+    name = unique_name("t")
     path = write_model(tmp_path / name, ModelSpec(name=name, helpers=("flat", "star")))
     # Loaded by plain transformers before install(): adopted, so it travels too.
     early = AutoConfig.from_pretrained(path, trust_remote_code=True)
@@ -188,7 +172,7 @@ def test_install_adopts_model_modules_only(tmp_path: Path) -> None:
     """transformers' own holder packages (``transformers_modules.<model>``) are not units."""
     from codeferry._runtime import loader as _loader
 
-    name = f"t{next(_count)}"
+    name = unique_name("t")
     path = write_model(tmp_path / name, ModelSpec(name=name))
     AutoConfig.from_pretrained(path, trust_remote_code=True)  # plain transformers
     codeferry.install()

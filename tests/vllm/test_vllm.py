@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-SRC = HERE.parent / "src"
-CHILD = HERE / "_vllm_child.py"
-sys.path.insert(0, str(HERE))
+TESTS = Path(__file__).resolve().parents[1]  # the helper modules
+SRC = TESTS.parent / "src"
+CHILD = TESTS / "_vllm_child.py"
+sys.path.insert(0, str(TESTS))
 import _vllm_child  # noqa: E402 - stdlib only at import: runs in this env too
 
 PYTHON_ENV = "CODEFERRY_VLLM_PYTHON"
@@ -50,7 +50,7 @@ def vllm_python() -> str:
     plugins = json.loads(probe.stdout.strip().splitlines()[-1])
     assert "codeferry._install.vllm:register" in plugins, (
         f"codeferry is not installed into {python} (its entry points: {plugins}): "
-        f"`{python} -m pip install -e {HERE.parent}`")
+        f"`{python} -m pip install -e {TESTS.parent}`")
     return python
 
 

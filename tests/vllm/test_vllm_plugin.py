@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _helpers import ROOT
 
 from codeferry.testing import ModelSpec, write_model
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 class _Records:

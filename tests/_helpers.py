@@ -1,0 +1,64 @@
+"""Helpers shared by test files in several folders: plain functions and paths.
+
+Fixtures live in ``conftest.py``; functions that run in child processes in ``_workers.py``.
+This module imports nothing of codeferry, torch or transformers at module level: a test file
+pays for what it calls.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+#: ``tests/``: the helper modules, ``golden/``.
+TESTS = Path(__file__).resolve().parent
+#: The repository root.
+ROOT = TESTS.parent
+#: The package's source folder.
+SRC = ROOT / "src" / "codeferry"
+
+_count = itertools.count()
+
+
+def unique_name(prefix: str) -> str:
+    """A model name no other model of this session has: ``prefix`` and a number."""
+    return f"{prefix}{next(_count)}"
+
+
+def unique_model(root: Path, prefix: str, **spec: Any) -> Path:
+    """A factory model with code of its own (a name, so a digest, no other test used), written
+    to ``root/<name>``; ``spec`` is passed to ``ModelSpec``."""
+    from codeferry.testing import ModelSpec, write_model
+
+    name = unique_name(prefix)
+    return write_model(root / name, ModelSpec(name=name, **spec))
+
+
+def travel_model(root: Path, **spec: Any) -> Path:
+    """A fresh model with every part that must travel: helpers of three kinds, an asset, a
+    tokenizer."""
+    return unique_model(root, "t", helpers=("subpackage", "from_dot", "flat"), asset=True,
+                        tokenizer=True, **spec)
+
+
+def load_objects(path: Path) -> list[Any]:
+    """``load`` the model, then what transformers builds of it: config, model, tokenizer, and
+    the config and model classes."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    import codeferry
+
+    classes = codeferry.load(path, trust_remote_code=True)
+    config = AutoConfig.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return [config, model, tokenizer, classes["AutoConfig"], classes["AutoModelForCausalLM"]]
+
+
+def checksum(snapshot: Path) -> float:
+    """What ``_workers.code_and_weights`` reports of the weights in ``snapshot``."""
+    from safetensors.torch import load_file
+
+    weights = load_file(str(snapshot / "model.safetensors"))
+    return float(sum(t.double().sum() for t in weights.values()))
