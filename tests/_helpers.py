@@ -8,8 +8,12 @@ pays for what it calls.
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pytest
 
 #: ``tests/``: the helper modules, ``golden/``.
 TESTS = Path(__file__).resolve().parent
@@ -62,3 +66,21 @@ def checksum(snapshot: Path) -> float:
 
     weights = load_file(str(snapshot / "model.safetensors"))
     return float(sum(t.double().sum() for t in weights.values()))
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``codeferry <argv>`` in this process: its exit code, stdout and stderr."""
+    from codeferry.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]

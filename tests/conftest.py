@@ -9,9 +9,12 @@
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import multiprocessing as mp
 import os
 import tempfile
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 # The session's environment: offline, and every cache in a fresh temporary folder. Set
@@ -91,6 +94,43 @@ def factory_models(
         commit = (repo_dir / "refs" / "main").read_text(encoding="utf-8").strip()
         out[repo_id] = repo_dir / "snapshots" / commit
     return out
+
+
+@pytest.fixture()
+def offline_hub(monkeypatch: pytest.MonkeyPatch, factory_hub_cache: Path) -> None:
+    """Offline, with the factory hub cache as the default cache (cross-repo code lives there).
+
+    A module takes it for every test with ``pytestmark = pytest.mark.usefixtures("offline_hub")``.
+    """
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(factory_hub_cache))
+
+
+@pytest.fixture()
+def no_progress_bars(monkeypatch: pytest.MonkeyPatch) -> None:
+    """huggingface_hub's progress bars off (they would land in the captured stderr)."""
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+@pytest.fixture(scope="module")
+def spawned_child() -> Iterator[cf.ProcessPoolExecutor]:
+    """One spawned process per test module (started at its first task), for code that must
+    run in a fresh interpreter."""
+    with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="module")
+def two_revisions(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """(hub cache, first snapshot, second snapshot): ``acme/versy`` at two commits. The first's
+    configuration module imports no helper, the second's does (``DEFAULTS``), so their code
+    digests differ, and the second has other weights; main is the second."""
+    cache = tmp_path_factory.mktemp("versy_hub")
+    spec = ModelSpec(name="versy", tokenizer=True)
+    first = write_hub_model(cache, "acme/versy", spec, commit="a" * 40)
+    second = write_hub_model(cache, "acme/versy", replace(spec, config_helper=True, seed=1),
+                             commit="b" * 40)
+    return cache, first, second
 
 
 @pytest.fixture(autouse=True)

@@ -15,11 +15,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from _helpers import run_cli
 
 from codeferry._code.audit.report import CATEGORIES, audit, audit_bundle, audit_source, render_audit
 from codeferry._code.resolve import resolve
-from codeferry.cli import main
 from codeferry.testing import ModelSpec, demo_model_path, write_hub_model, write_model
+
+pytestmark = pytest.mark.usefixtures("offline_hub")
 
 SNEAKY = '''\
 """Never imported by the tests: audit only reads it."""
@@ -151,12 +153,6 @@ def expected(source: str) -> set[tuple[int, str]]:
     return out
 
 
-@pytest.fixture(autouse=True)
-def _offline_hub(monkeypatch: pytest.MonkeyPatch, factory_hub_cache: Path) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(factory_hub_cache))
-
-
 @pytest.fixture(scope="module")
 def sneaky(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A clean factory model whose modeling module star-imports ``sneaky.py``."""
@@ -171,12 +167,6 @@ def sneaky(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_model(tmp_path_factory.mktemp("clean") / "model", ModelSpec(name="clean"))
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # ------------------------------------------------------------------------------------------

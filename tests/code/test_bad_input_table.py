@@ -3,28 +3,25 @@ and nothing half-written (no output file, no store entry for the refused code)."
 
 from __future__ import annotations
 
-import itertools
 import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from _helpers import unique_model
 
 import codeferry
 from codeferry import errors
 from codeferry._code.lockfile import Lock
 from codeferry._runtime.store import read_unit, store_root
 from codeferry.cli import main
-from codeferry.testing import ModelSpec, write_model
 
-_count = itertools.count()
 LFS = b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"0" * 64 + b"\nsize 1234\n"
 
 
 def model(root: Path) -> Path:
-    name = f"b{next(_count)}"
-    return write_model(root / name, ModelSpec(name=name, helpers=("flat",)))
+    return unique_model(root, "b", helpers=("flat",))
 
 
 def locked(root: Path) -> tuple[Path, Path]:

@@ -26,6 +26,8 @@ from codeferry.cli import main
 from codeferry.errors import OptionalModuleMissing
 from codeferry.testing import HELPER_KINDS, ModelSpec, write_hub_model, write_model
 
+pytestmark = pytest.mark.usefixtures("offline_hub")
+
 HEX40 = re.compile(r"[0-9a-f]{40}\Z")
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}\Z")
 LFS_POINTER = (
@@ -38,13 +40,6 @@ LFS_POINTER = (
 # ------------------------------------------------------------------------------------------
 # Fixtures and oracles
 # ------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(autouse=True)
-def _offline_hub(monkeypatch: pytest.MonkeyPatch, factory_hub_cache: Path) -> None:
-    """Offline, with the factory hub cache as the default cache (cross-repo code lives there)."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(factory_hub_cache))
 
 
 @pytest.fixture(scope="session")
@@ -486,7 +481,7 @@ def test_cross_repo_is_found_in_the_cache_dir_given_to_resolve(
 
 
 @pytest.fixture()
-def two_revisions(tmp_path: Path) -> Iterator[tuple[Path, str, str]]:
+def tagged_revisions(tmp_path: Path) -> Iterator[tuple[Path, str, str]]:
     """``acme/rev`` with commit ``old`` (tag ``v1``: one helper) and ``new`` (main: another)."""
     cache = tmp_path / "hub"
     old, new = "a" * 40, "b" * 40
@@ -496,8 +491,8 @@ def two_revisions(tmp_path: Path) -> Iterator[tuple[Path, str, str]]:
     yield cache, old, new
 
 
-def test_revision_selects_the_snapshot(two_revisions: tuple[Path, str, str]) -> None:
-    cache, old, new = two_revisions
+def test_revision_selects_the_snapshot(tagged_revisions: tuple[Path, str, str]) -> None:
+    cache, old, new = tagged_revisions
     latest = resolve("acme/rev", cache_dir=cache)
     assert latest.origin.commit == new and "constants.py" in {f.path for f in latest.files}
     for revision in ("v1", old):
@@ -509,11 +504,11 @@ def test_revision_selects_the_snapshot(two_revisions: tuple[Path, str, str]) -> 
 
 
 def test_cli_revision_in_the_hub_cache(
-    two_revisions: tuple[Path, str, str],
+    tagged_revisions: tuple[Path, str, str],
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    cache, old, _ = two_revisions
+    cache, old, _ = tagged_revisions
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     assert main(["inspect", "acme/rev", "--revision", "v1", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

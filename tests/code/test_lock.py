@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
 import multiprocessing as mp
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import TESTS
+from _helpers import TESTS, unique_model
 
 import codeferry
 import codeferry._trust.options as _options
@@ -19,7 +18,6 @@ from codeferry.errors import LockFormatError, LockMismatchError, TrustRequiredEr
 from codeferry.testing import ModelSpec, write_model
 
 GOLDEN = TESTS / "golden" / "lock_v1.txt"
-_count = itertools.count()
 
 
 def golden_model(root: Path) -> Path:
@@ -28,8 +26,7 @@ def golden_model(root: Path) -> Path:
 
 
 def fresh(root: Path) -> Path:
-    name = f"k{next(_count)}"
-    return write_model(root / name, ModelSpec(name=name, helpers=("flat",)))
+    return unique_model(root, "k", helpers=("flat",))
 
 
 def test_lock_format_is_pinned_by_a_golden_file(tmp_path: Path) -> None:

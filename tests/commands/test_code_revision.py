@@ -5,7 +5,6 @@ model from another revision's config and weights, as transformers does."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,21 +19,8 @@ from _helpers import checksum
 import codeferry
 from codeferry import cli
 from codeferry._commands.run import record_path
-from codeferry.testing import ModelSpec, write_hub_model
 
 FORK: dict[str, Any] = {"workers": 1, "start_method": "fork", "trust_remote_code": True}
-
-
-@pytest.fixture(scope="module")
-def two_revisions(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    """``acme/versy`` at two commits: the first's configuration module imports no helper, the
-    second's does (``DEFAULTS``) and has other weights; main is the second."""
-    cache = tmp_path_factory.mktemp("versy_hub")
-    spec = ModelSpec(name="versy", tokenizer=True)
-    first = write_hub_model(cache, "acme/versy", spec, commit="a" * 40)
-    second = write_hub_model(cache, "acme/versy", replace(spec, config_helper=True, seed=1),
-                             commit="b" * 40)
-    return cache, first, second
 
 
 def test_executor_workers_run_the_code_of_code_revision_with_the_weights_of_revision(

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 
 import pytest
+from _helpers import unique_model
 
 from codeferry._commands.doctor import doctor
 from codeferry.cli import main
 from codeferry.errors import CodeUnavailableError, RemoteCodeExecutionError, RemoteTraceback
-from codeferry.testing import ModelSpec, write_model
-
-_count = itertools.count()
 
 
 def model(root: Path, **kw: object) -> Path:
-    name = f"d{next(_count)}"
-    return write_model(root / name, ModelSpec(name=name, helpers=("subpackage",), **kw))  # type: ignore[arg-type]
+    return unique_model(root, "d", helpers=("subpackage",), **kw)
 
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])

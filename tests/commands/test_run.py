@@ -19,6 +19,7 @@ import pytest
 # already imported here (instead of importing them in every worker).
 import torch  # noqa: F401
 import transformers.modeling_utils  # noqa: F401
+from _helpers import read_jsonl, run_cli, write_jsonl
 
 import codeferry
 from codeferry import cli
@@ -82,21 +83,6 @@ def slowy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def write_jsonl(path: Path, rows: list[Any]) -> Path:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    return path
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = cli.main(["run", *argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.fixture(scope="module")
 def resume_case(tmp_path_factory: pytest.TempPathFactory, slowy: Path) -> tuple[Path, bytes]:
     """The resume test's input, and the output of one clean, uninterrupted run of it."""
@@ -142,7 +128,7 @@ def test_tampered_demo_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[
     modeling = copy / "modeling_charlm.py"
     modeling.write_text(modeling.read_text() + "\nimport os  # changed\n")
     output = tmp_path / "out.jsonl"
-    code, out, err = run_cli(capsys, str(copy), "--input", str(DEMO / "prompts.txt"),
+    code, out, err = run_cli(capsys, "run", str(copy), "--input", str(DEMO / "prompts.txt"),
                              "--output", str(output))
     assert code == 1 and out == ""
     assert err.count("\n") == 1 and err.startswith("codeferry: error: ")
@@ -154,7 +140,7 @@ def test_embed_on_the_demo_without_flags(tmp_path: Path, capsys: pytest.CaptureF
     source = tmp_path / "in.txt"
     source.write_text("first line\n\n  second line\nthird\n")
     output = tmp_path / "out.jsonl"
-    code, out, err = run_cli(capsys, str(DEMO), "--input", str(source), "--output", str(output),
+    code, out, err = run_cli(capsys, "run", str(DEMO), "--input", str(source), "--output", str(output),
                              "--task", "embed", "--pooling", "last", *FAST)
     assert (code, out, err) == (0, "", "")
     rows = read_jsonl(output)
@@ -182,7 +168,7 @@ def test_generate_mixed_input_in_input_order_with_a_failed_batch(
         + "".join(f'{{"id": "n{i}", "prompt": "number {i}"}}\n' for i in range(6))
     )
     output = tmp_path / "out.jsonl"
-    code, out, err = run_cli(capsys, str(slowy), "--input", str(source), "--output", str(output),
+    code, out, err = run_cli(capsys, "run", str(slowy), "--input", str(source), "--output", str(output),
                              "--trust-remote-code", "--batch-size", "1", "--max-new-tokens", "2",
                              "--start-method", "fork", "--workers", "2")
     assert code == 1 and out == "" and err == ""  # a failed input: exit 1, quiet in a pipe
@@ -201,7 +187,7 @@ def test_score_with_a_lock_file(tmp_path: Path, capsys: pytest.CaptureFixture[st
                                                  {"id": "y", "text": "abc def"}])
     output = tmp_path / "out.jsonl"
     capsys.readouterr()
-    code, out, err = run_cli(capsys, str(slowy), "--input", str(source), "--output", str(output),
+    code, out, err = run_cli(capsys, "run", str(slowy), "--input", str(source), "--output", str(output),
                              "--lock", str(lock), "--task", "score", *FAST)
     assert (code, out, err) == (0, "", "")
     rows = read_jsonl(output)
@@ -217,7 +203,7 @@ def test_remote_code_refused_without_trust(
 ) -> None:
     source = write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "prompt": "hi"}])
     output = tmp_path / "sub" / "out.jsonl"
-    code, out, err = run_cli(capsys, str(slowy), "--input", str(source), "--output", str(output))
+    code, out, err = run_cli(capsys, "run", str(slowy), "--input", str(source), "--output", str(output))
     assert code == 1 and out == ""
     assert err.count("\n") == 1 and err.startswith("codeferry: error: ")
     assert "--trust-remote-code or --lock FILE" in err
@@ -248,7 +234,7 @@ def test_bad_input_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str],
         read_inputs(source)
     assert (info.value.path, info.value.line) == (str(source), line)
     output = tmp_path / "out.jsonl"
-    code, out, err = run_cli(capsys, "--input", str(source), "--output", str(output))
+    code, out, err = run_cli(capsys, "run", "--input", str(source), "--output", str(output))
     assert code == 1 and out == ""
     assert err.count("\n") == 1 and f"in.jsonl:{line}: " in err and words in err and "Fix:" in err
     assert not output.exists()
@@ -256,12 +242,12 @@ def test_bad_input_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str],
 
 def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     output = tmp_path / "out.jsonl"
-    code, _, err = run_cli(capsys, "--input", str(tmp_path / "missing.jsonl"), "-o", str(output))
+    code, _, err = run_cli(capsys, "run", "--input", str(tmp_path / "missing.jsonl"), "-o", str(output))
     assert code == 2 and "does not exist" in err and err.count("\n") == 1
-    assert run_cli(capsys, "--pooling", "mean")[0] == 2
-    assert run_cli(capsys, "--task", "embed", "--max-new-tokens", "3")[0] == 2
-    assert run_cli(capsys, "--workers", "0")[0] == 2
-    assert run_cli(capsys, str(DEMO))[0] == 2  # a MODEL needs --input
+    assert run_cli(capsys, "run", "--pooling", "mean")[0] == 2
+    assert run_cli(capsys, "run", "--task", "embed", "--max-new-tokens", "3")[0] == 2
+    assert run_cli(capsys, "run", "--workers", "0")[0] == 2
+    assert run_cli(capsys, "run", str(DEMO))[0] == 2  # a MODEL needs --input
     with pytest.raises(SystemExit) as info:
         cli.main(["run", "--trust-remote-code", "--lock", "x.lock"])
     assert info.value.code == 2
@@ -299,7 +285,7 @@ def test_resume_after_killing_the_process_group(
     assert 3 <= len(written) < len(RESUME_INPUTS)
     assert partial == clean[:len(partial)]  # a prefix of a clean run, line for line
 
-    code, out, err = run_cli(capsys, *resume_argv(slowy, source, output)[1:])
+    code, out, err = run_cli(capsys, *resume_argv(slowy, source, output))
     assert (code, out, err) == (0, "", "")
     ids = [row["id"] for row in read_jsonl(output)]
     assert ids == [row["id"] for row in RESUME_INPUTS]  # every id once, in input order
@@ -314,7 +300,7 @@ def test_torn_last_line_is_repaired_and_a_finished_run_is_left_alone(
     lines = clean.splitlines(keepends=True)
     output = tmp_path / "out.jsonl"
     output.write_bytes(b"".join(lines[:20]) + lines[20][:15])  # killed mid-line by hand
-    argv = resume_argv(slowy, source, output)[1:]
+    argv = resume_argv(slowy, source, output)
     assert run_cli(capsys, *argv) == (0, "", "")
     assert output.read_bytes() == clean
     started = time.monotonic()
@@ -329,7 +315,7 @@ def test_output_of_another_input_is_refused(
     output = tmp_path / "out.jsonl"
     before = b'{"id": 1, "output": "x"}\n{"id": "other", "output": "y"}\n'
     output.write_bytes(before)
-    code, _, err = run_cli(capsys, "--input", str(resume_case[0]), "--output", str(output))
+    code, _, err = run_cli(capsys, "run", "--input", str(resume_case[0]), "--output", str(output))
     assert code == 1 and "out.jsonl:1: the existing output holds id 1" in err
     assert output.read_bytes() == before
 

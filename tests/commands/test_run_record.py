@@ -17,6 +17,7 @@ import pytest
 # already imported here.
 import torch  # noqa: F401
 import transformers.modeling_utils  # noqa: F401
+from _helpers import read_jsonl, write_jsonl
 
 import codeferry
 from codeferry import cli
@@ -25,22 +26,14 @@ from codeferry._trust import options as _options
 from codeferry.errors import CodeChangedError, ResumeMismatchError
 from codeferry.testing import ModelSpec, write_model
 
+pytestmark = pytest.mark.usefixtures("no_progress_bars")
+
 ROWS = [{"id": f"r{i}", "prompt": f"prompt number {i}"} for i in range(8)]
 FAST: dict[str, Any] = {"workers": 1, "start_method": "fork", "trust_remote_code": True}
 
 
-@pytest.fixture(autouse=True)
-def _quiet(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-
-
-def write_jsonl(path: Path, rows: list[Any]) -> Path:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    return path
-
-
 def ids(path: Path) -> list[Any]:
-    return [json.loads(line)["id"] for line in path.read_text(encoding="utf-8").splitlines()]
+    return [row["id"] for row in read_jsonl(path)]
 
 
 def record(output: Path) -> dict[str, Any]:

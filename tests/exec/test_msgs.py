@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _helpers import run_cli
 
 import codeferry
 from codeferry._code.lockfile import Lock
@@ -26,18 +27,9 @@ from codeferry.cli import main
 from codeferry.errors import DeviceError, LockMismatchError, MainGuardError
 from codeferry.testing import ModelSpec, write_model
 
+pytestmark = pytest.mark.usefixtures("no_progress_bars")
+
 DEMO = str(Path(codeferry.__file__).with_name("demo"))
-
-
-def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-@pytest.fixture(autouse=True)
-def _quiet(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 # -- forkserver workers ---------------------------------------------------------------------
@@ -48,8 +40,8 @@ def test_run_with_forkserver_workers(tmp_path: Path, capsys: pytest.CaptureFixtu
     prompts = tmp_path / "in.txt"
     prompts.write_text("hello\nworld\n")
     output = tmp_path / "out.jsonl"
-    code, _, err = cli(capsys, "run", "--input", str(prompts), "-o", str(output),
-                       "--start-method", "forkserver", "--workers", "1")
+    code, _, err = run_cli(capsys, "run", "--input", str(prompts), "-o", str(output),
+                           "--start-method", "forkserver", "--workers", "1")
     assert code == 0, err
     rows = [json.loads(line) for line in output.read_text().splitlines()]
     assert [row["id"] for row in rows] == [1, 2] and all("output" in row for row in rows)
@@ -89,11 +81,11 @@ def test_the_cli_refuses_an_unusable_device_and_writes_nothing(
 ) -> None:
     output = tmp_path / "out.jsonl"
     device = f"cuda:{torch.cuda.device_count()}"
-    code, out, err = cli(capsys, "run", "-o", str(output), "--device", device)
+    code, out, err = run_cli(capsys, "run", "-o", str(output), "--device", device)
     assert (code, out) == (2, "")
     assert err.startswith("codeferry: error: device ") and err.count("\n") == 1
     assert "Traceback" not in err and not output.exists()
-    code, _, err = cli(capsys, "run", "-o", str(output), "--device", "gpu")
+    code, _, err = run_cli(capsys, "run", "-o", str(output), "--device", "gpu")
     assert code == 2 and "'gpu' is not a device string torch knows" in err
 
 
@@ -118,8 +110,8 @@ def test_the_cli_shows_the_last_frames_of_the_workers_traceback(
         """))
     prompts = tmp_path / "in.txt"
     prompts.write_text("hello\n")
-    code, out, err = cli(capsys, "run", str(path), "--input", str(prompts), "--trust-remote-code",
-                         "--start-method", "fork", "--workers", "1", "-o", str(tmp_path / "o"))
+    code, out, err = run_cli(capsys, "run", str(path), "--input", str(prompts), "--trust-remote-code",
+                             "--start-method", "fork", "--workers", "1", "-o", str(tmp_path / "o"))
     assert (code, out) == (1, "")
     lines = err.splitlines()
     assert lines[0].startswith("codeferry: the worker's traceback")
@@ -128,9 +120,9 @@ def test_the_cli_shows_the_last_frames_of_the_workers_traceback(
     assert lines[-1].startswith("codeferry: error: worker 0 could not start")
     assert sum(line.startswith('  File "') for line in lines) <= 3  # the last frames only
     # --debug prints the whole chain instead (the worker's traceback included), once.
-    code, _, err = cli(capsys, "run", str(path), "--input", str(prompts), "--trust-remote-code",
-                       "--start-method", "fork", "--workers", "1", "-o", str(tmp_path / "o"),
-                       "--debug")
+    code, _, err = run_cli(capsys, "run", str(path), "--input", str(prompts), "--trust-remote-code",
+                           "--start-method", "fork", "--workers", "1", "-o", str(tmp_path / "o"),
+                           "--debug")
     assert code == 1 and "the worker's traceback" not in err and "_probe_the_gpu" in err
 
 
@@ -143,10 +135,10 @@ def test_a_lock_of_another_model_is_named_and_not_overwritten(
     one = write_model(tmp_path / "one", ModelSpec(name="one"))
     two = write_model(tmp_path / "two", ModelSpec(name="two"))
     lockfile = tmp_path / "locks" / "one.lock"
-    assert cli(capsys, "lock", str(one), "-o", str(lockfile))[0] == 0
+    assert run_cli(capsys, "lock", str(one), "-o", str(lockfile))[0] == 0
     (tmp_path / "locks" / "two.lock").write_text("taken\n")  # the obvious name is taken
 
-    code, out, _ = cli(capsys, "verify", str(two), "--lock", str(lockfile))
+    code, out, _ = run_cli(capsys, "verify", str(two), "--lock", str(lockfile))
     assert code == 1
     advice = out.splitlines()[-1]
     assert "lock of another model (one)" in advice
@@ -162,13 +154,13 @@ def test_a_lock_of_another_model_is_named_and_not_overwritten(
 
     # Following the advice works and leaves the first lock alone.
     before = lockfile.read_bytes()
-    assert cli(capsys, "lock", str(two), "-o", suggested)[0] == 0
-    assert cli(capsys, "verify", str(two), "--lock", suggested)[0] == 0
+    assert run_cli(capsys, "lock", str(two), "-o", suggested)[0] == 0
+    assert run_cli(capsys, "verify", str(two), "--lock", suggested)[0] == 0
     assert lockfile.read_bytes() == before
 
     # The same model, changed: re-locking into the same file is still the advice.
     (one / "modeling_one.py").write_text((one / "modeling_one.py").read_text() + "\n# changed\n")
-    code, out, _ = cli(capsys, "verify", str(one), "--lock", str(lockfile))
+    code, out, _ = run_cli(capsys, "verify", str(one), "--lock", str(lockfile))
     assert code == 1 and out.splitlines()[-1].endswith(f"-o {lockfile}")
     assert "another model" not in out
     assert Lock.loads(before.decode()).is_for(codeferry.resolve(one))
@@ -181,12 +173,12 @@ def test_every_command_defaults_to_the_bundled_demo(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     lockfile = tmp_path / "demo.lock"
-    assert cli(capsys, "lock", "-o", str(lockfile))[0] == 0
-    code, out, _ = cli(capsys, "verify", "--lock", str(lockfile))
+    assert run_cli(capsys, "lock", "-o", str(lockfile))[0] == 0
+    code, out, _ = run_cli(capsys, "verify", "--lock", str(lockfile))
     assert code == 0 and out.startswith(f"ok: {DEMO} matches")
-    code, out, _ = cli(capsys, "audit", "--json")
+    code, out, _ = run_cli(capsys, "audit", "--json")
     assert code == 0 and json.loads(out)["model"] == DEMO
-    code, out, err = cli(capsys, "doctor", "--workers", "1", "--start-method", "fork", "--json")
+    code, out, err = run_cli(capsys, "doctor", "--workers", "1", "--start-method", "fork", "--json")
     assert code == 0, err
     report = json.loads(out)
     assert report["ok"] and len(report["workers"]) == 1

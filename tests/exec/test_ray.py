@@ -20,7 +20,6 @@ import _workers  # noqa: E402
 from _helpers import checksum, load_objects, travel_model  # noqa: E402
 
 import codeferry  # noqa: E402
-from codeferry.testing import ModelSpec, write_hub_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -45,16 +44,12 @@ def test_ray_task_receives_instances_and_classes(ray_cluster: Any, tmp_path: Pat
 
 
 def test_ray_actors_run_the_code_of_code_revision_with_the_weights_of_revision(
-    ray_cluster: Any, tmp_path: Path,
+    ray_cluster: Any, two_revisions: tuple[Path, Path, Path],
 ) -> None:
     """The actor's folder holds the revision's files and, inside it, the code revision's."""
-    spec = ModelSpec(name="versy", tokenizer=True)
-    first = write_hub_model(tmp_path, "acme/versy", spec, commit="a" * 40)
-    second = write_hub_model(tmp_path, "acme/versy",
-                             ModelSpec(name="versy", tokenizer=True, config_helper=True, seed=1),
-                             commit="b" * 40)
+    cache, first, second = two_revisions
     with codeferry.Executor("acme/versy", revision=second.name, code_revision=first.name,
-                            cache_dir=tmp_path, trust_remote_code=True, backend="ray",
+                            cache_dir=cache, trust_remote_code=True, backend="ray",
                             workers=1, ray_resources={"num_cpus": 1}) as ex:
         [seen] = ex.collective_rpc(_workers.code_and_weights)
         assert ex.generate(["hello"], max_new_tokens=2)

@@ -8,7 +8,6 @@ and in spawned children that call transformers themselves.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import multiprocessing as mp
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,12 +72,6 @@ def installed() -> Iterator[None]:
         codeferry.uninstall()
 
 
-@pytest.fixture(scope="module")
-def child() -> Iterator[cf.ProcessPoolExecutor]:
-    with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
-        yield pool
-
-
 def _copy(factory_models: dict[str, Path], key: str, tmp_path: Path) -> tuple[str, str | None]:
     """A private copy of a local variant (fresh code: nothing loaded it yet); hub ids as is."""
     if "/" in key:
@@ -88,10 +81,10 @@ def _copy(factory_models: dict[str, Path], key: str, tmp_path: Path) -> tuple[st
 
 @pytest.mark.parametrize("key", TRANSFORMERS_FAILS)
 def test_plain_transformers_fails_on_these_layouts(
-    key: str, factory_models: dict[str, Path], child: cf.ProcessPoolExecutor, tmp_path: Path
+    key: str, factory_models: dict[str, Path], spawned_child: cf.ProcessPoolExecutor, tmp_path: Path
 ) -> None:
     path, _ = _copy(factory_models, key, tmp_path)
-    assert child.submit(plain_child, path).result(timeout=300) != "ok"  # the test bites
+    assert spawned_child.submit(plain_child, path).result(timeout=300) != "ok"  # the test bites
 
 
 @pytest.mark.parametrize("key", VARIANTS)
@@ -112,11 +105,11 @@ def test_transformers_api_after_install_loads_codeferry_classes(
 @pytest.mark.parametrize("key", ["helper_subpackage", "helper_from_dot", "acme/crossy"])
 def test_install_in_a_spawned_child_that_calls_transformers_itself(
     key: str, factory_models: dict[str, Path], factory_hub_cache: Path, tmp_path: Path,
-    child: cf.ProcessPoolExecutor,
+    spawned_child: cf.ProcessPoolExecutor,
 ) -> None:
     path, revision = _copy(factory_models, key, tmp_path)
-    report = child.submit(installed_child, path, revision,
-                          str(factory_hub_cache)).result(timeout=300)
+    report = spawned_child.submit(installed_child, path, revision,
+                                  str(factory_hub_cache)).result(timeout=300)
     assert report["config_module"].startswith("codeferry._dyn.u")
     assert report["config_class_is_type_config"] and report["model_config_is_type_config"]
 

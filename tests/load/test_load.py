@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from _helpers import unique_name
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import codeferry
 from codeferry.errors import RemoteCodeExecutionError, TrustRequiredError
 from codeferry.testing import HELPER_KINDS, ModelSpec, write_model
 
-_count = itertools.count()
-
 
 def fresh(tmp_path_factory: pytest.TempPathFactory, **kw: Any) -> Path:
     """A model with code of its own (a unique digest), so no earlier test loaded it."""
-    name = f"l{next(_count)}"
+    name = unique_name("l")
     return write_model(tmp_path_factory.mktemp(name) / "model", ModelSpec(name=name, **kw))
 
 

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
-import multiprocessing as mp
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +39,6 @@ def reload_in_child(folder: str, with_codeferry: bool) -> dict[str, Any]:
             "logits": logits}
 
 
-@pytest.fixture(scope="module")
-def child() -> Iterator[cf.ProcessPoolExecutor]:
-    with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
-        yield pool
-
-
 def _save_all(path: Path, out: Path) -> list[float]:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -66,7 +58,7 @@ def _code_files(bundle: codeferry.Bundle) -> dict[str, str]:
 
 @pytest.mark.parametrize("which", ["all_helpers", "demo"])
 def test_saved_folder_has_every_code_file_and_the_same_digest(
-    which: str, tmp_path: Path, child: cf.ProcessPoolExecutor
+    which: str, tmp_path: Path, spawned_child: cf.ProcessPoolExecutor
 ) -> None:
     if which == "demo":
         path = demo_model_path()
@@ -85,21 +77,21 @@ def test_saved_folder_has_every_code_file_and_the_same_digest(
         f.path for f in original.files if f.path.startswith("configuration_")}
     auto_map = json.loads((out / "config.json").read_text())["auto_map"]
     assert auto_map == json.loads((Path(path) / "config.json").read_text())["auto_map"]
-    report = child.submit(reload_in_child, str(out), True).result(timeout=300)
+    report = spawned_child.submit(reload_in_child, str(out), True).result(timeout=300)
     assert report["config_module"].startswith("codeferry._dyn.u")
     assert report["config_class_is_type_config"]
     assert report["logits"] == pytest.approx(expected_logits, abs=1e-6)
 
 
 def test_plain_transformers_reloads_a_saved_folder(
-    tmp_path: Path, child: cf.ProcessPoolExecutor
+    tmp_path: Path, spawned_child: cf.ProcessPoolExecutor
 ) -> None:
     # a layout plain transformers can load: then it loads the saved copy too
     path = write_model(tmp_path / "m", ModelSpec(name="savedplain", helpers=("flat", "star"),
                                                  tokenizer=True))
     out = tmp_path / "saved"
     expected_logits = _save_all(path, out)
-    report = child.submit(reload_in_child, str(out), False).result(timeout=300)
+    report = spawned_child.submit(reload_in_child, str(out), False).result(timeout=300)
     assert report["config_module"].startswith("transformers_modules.")
     assert report["logits"] == pytest.approx(expected_logits, abs=1e-6)
 

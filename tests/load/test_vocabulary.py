@@ -16,26 +16,16 @@ import codeferry
 from codeferry import cli
 from codeferry._commands.run import record_path, run
 from codeferry.errors import DTypeError, ModelNotFoundError, ResumeMismatchError
-from codeferry.testing import ModelSpec, write_hub_model
 
 DEMO = Path(cli._demo())
 PROMPTS = DEMO / "prompts.txt"
 
 
-@pytest.fixture(scope="module")
-def two_revisions(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
-    """A hub cache holding ``acme/versy`` at two commits whose code differs; main: the second."""
-    cache = tmp_path_factory.mktemp("versy_hub")
-    first = write_hub_model(cache, "acme/versy", ModelSpec(name="versy"), commit="a" * 40)
-    second = write_hub_model(cache, "acme/versy", ModelSpec(name="versy", config_helper=True),
-                             commit="b" * 40)
-    return cache, first.name, second.name
-
-
 def test_code_revision_picks_the_code_and_the_other_keywords_are_accepted(
-    two_revisions: tuple[Path, str, str],
+    two_revisions: tuple[Path, Path, Path],
 ) -> None:
-    cache, first, second = two_revisions
+    cache, first_snapshot, second_snapshot = two_revisions
+    first, second = first_snapshot.name, second_snapshot.name
     assert codeferry.resolve("acme/versy", revision=first, cache_dir=cache).digest != \
         codeferry.resolve("acme/versy", revision=second, cache_dir=cache).digest
     options = {"trust_remote_code": True, "cache_dir": cache, "classes": ["AutoConfig"]}

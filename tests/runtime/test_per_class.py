@@ -10,11 +10,9 @@ from __future__ import annotations
 import concurrent.futures as cf
 import importlib.util
 import logging
-import multiprocessing as mp
 import os
 import pickle
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -60,11 +58,10 @@ def variants(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def child() -> Iterator[cf.ProcessPoolExecutor]:
-    """A spawned process, started before anything was loaded here."""
-    with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
-        pool.submit(os.getpid).result(timeout=120)
-        yield pool
+def child(spawned_child: cf.ProcessPoolExecutor) -> cf.ProcessPoolExecutor:
+    """The spawned process, started before anything was loaded here."""
+    spawned_child.submit(os.getpid).result(timeout=120)
+    return spawned_child
 
 
 @pytest.mark.parametrize("kind", sorted(EXPECTED))
