@@ -65,6 +65,22 @@ _HUB: dict[str, ModelSpec] = {
 }
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slow", action="store_true", default=False,
+                     help="also run the long forms of the stress tests (marked slow)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` (the long form of a stress test whose short form always runs)
+    are skipped unless ``--slow`` is given."""
+    if config.getoption("--slow"):
+        return
+    skip = pytest.mark.skip(reason="long form: pytest --slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def factory_specs() -> dict[str, ModelSpec]:
     """The ``ModelSpec`` of every key of ``factory_models``."""

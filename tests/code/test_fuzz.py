@@ -288,13 +288,16 @@ def _no_hub(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFa
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path_factory.mktemp("empty_hub")))
 
 
-@settings(
-    max_examples=150,
+FUZZ = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                            HealthCheck.function_scoped_fixture],
 )
-@given(model=models(), command=st.sampled_from(["inspect", "inspect-json", "audit"]))
+COMMANDS = st.sampled_from(["inspect", "inspect-json", "audit"])
+
+
+@settings(FUZZ, max_examples=150)
+@given(model=models(), command=COMMANDS)
 # Found by this test: each once raised something other than a CodeferryError.
 @example(  # the parser gives up on deep nesting with MemoryError
     model={"files": {"config.json": CONFIG, "configuration_x.py": b"x = " + b"-" * 100000 + b"1"},
@@ -324,4 +327,13 @@ def _no_hub(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFa
         "auto_map": {"AutoConfig": "configuration_x.XConfig"}}}).encode(),
         "configuration_x.py": GOOD}, "links": []}, command="inspect")
 def test_resolve_and_cli_raise_only_codeferry_errors(model: dict[str, Any], command: str) -> None:
+    check_model(model, command)
+
+
+@pytest.mark.slow
+@settings(FUZZ, max_examples=3000)
+@given(model=models(), command=COMMANDS)
+def test_resolve_and_cli_raise_only_codeferry_errors_long(model: dict[str, Any],
+                                                          command: str) -> None:
+    """The long form: twenty times the examples of the test above."""
     check_model(model, command)

@@ -318,14 +318,17 @@ def test_asset_above_the_asset_limit_is_a_typed_error(tmp_path: Path) -> None:
     assert (again.size, again.limit, str(again)) == (err.size, err.limit, str(err))
 
 
-def test_private_copies_of_processes_starting_together_are_never_swept() -> None:
+@pytest.mark.parametrize("children", [150, pytest.param(3000, marks=pytest.mark.slow)],
+                         ids=["short", "long"])
+def test_private_copies_of_processes_starting_together_are_never_swept(children: int) -> None:
     """Every new private folder sweeps the others: one being created right then (its
     ``.alive`` not yet locked) must not look abandoned. Two sweepers in a tight loop
-    while two processes fork 150 children each that make their folder and check it."""
+    while two processes fork ``children`` children each that make their folder and check it."""
+    window = 60 * children // 150  # seconds the sweepers sweep (they stop when the makers end)
     sweeper = (
         "import time\n"
         "from codeferry._runtime import loader as _loader\n"
-        "end = time.monotonic() + 60\n"
+        f"end = time.monotonic() + {window}\n"
         "while time.monotonic() < end:\n"
         "    _loader._sweep_private()\n"
     )
@@ -333,7 +336,7 @@ def test_private_copies_of_processes_starting_together_are_never_swept() -> None
         "import os\n"
         "from codeferry._runtime import loader as _loader\n"
         "lost = 0\n"
-        "for _ in range(150):\n"
+        f"for _ in range({children}):\n"
         "    pid = os.fork()\n"
         "    if pid == 0:\n"
         "        root = _loader._private_root()\n"
@@ -345,7 +348,7 @@ def test_private_copies_of_processes_starting_together_are_never_swept() -> None
     try:
         makers = [subprocess.Popen([sys.executable, "-c", maker], stdout=subprocess.PIPE,
                                    text=True) for _ in range(2)]
-        lost = [int(p.communicate(timeout=120)[0]) for p in makers]
+        lost = [int(p.communicate(timeout=2 * window)[0]) for p in makers]
     finally:
         for p in sweepers:
             p.kill()

@@ -253,20 +253,37 @@ def test_loader_executes_verified_bytes_not_the_store_copy(
 # -- the stress run, short -----------------------------------------------------------------------
 
 
-def test_stress_short(capsys: pytest.CaptureFixture[str]) -> None:
-    """2 rounds x 8 processes at once on empty stores: one with a writer SIGKILLed mid-write
-    (plus 2 more killed at random), one with a torn entry; then in-place corruption repaired
-    by a wave, and a digest-only reader. The full run is ``benchmarks/stress_store.py``."""
-    argv = ["--rounds", "2", "--procs", "8", "--kinds", "killed,torn", "--load-every", "0",
-            "--seed", "1", "--timeout", "60"]
+STRESS_FORMS = [
+    # 2 rounds x 8 processes at once on empty stores: one with a writer SIGKILLed mid-write
+    # (plus 2 more killed at random), one with a torn entry; no codeferry.load round.
+    pytest.param(["--rounds", "2", "--procs", "8", "--kinds", "killed,torn", "--load-every", "0",
+                  "--seed", "1", "--timeout", "60"], {"killed", "torn"}, id="short"),
+    # The benchmark's own defaults: 20 rounds x 16 processes through every fault kind (clean,
+    # slow, killed, torn), every 5th round a real codeferry.load (torch and transformers).
+    pytest.param(["--seed", "1"], {"clean", "slow", "killed", "torn", "clean+load",
+                                   "slow+load", "killed+load", "torn+load"},
+                 id="long", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize(("argv", "kinds"), STRESS_FORMS)
+def test_stress(capsys: pytest.CaptureFixture[str], argv: list[str], kinds: set[str]) -> None:
+    """Processes at once on empty stores, with writers SIGKILLed mid-write and torn entries;
+    after each round in-place corruption repaired by a wave, and a digest-only reader. The
+    long form is ``benchmarks/stress_store.py`` as it runs by default."""
     code = stress.main(argv)
     out = capsys.readouterr().out
     assert code == 0, out
     rows = {line.split()[0]: line.split() for line in out.splitlines()
-            if line.split() and line.split()[0] in ("killed", "torn")}
-    assert set(rows) == {"killed", "torn"}, out
+            if line.split() and line.split()[0] in kinds}
+    assert set(rows) == kinds, out
     for kind, cols in rows.items():
         assert cols[4] == "0", f"{kind}: failures\n{out}"
-    assert int(rows["killed"][6]) >= 1, out  # the writer holding the lock died mid-write
-    repaired, torn = rows["torn"][5].split("/")
-    assert int(repaired) >= int(torn) == 2, out
+        repaired, torn = cols[5].split("/")
+        assert int(repaired) >= int(torn) >= int(cols[1]), out  # a corruption per round, at least
+    killed = [cols for kind, cols in rows.items() if kind.startswith("killed")]
+    assert all(int(cols[6]) >= 1 for cols in killed), out  # the lock holder died mid-write
+    torn_rounds = sum(int(cols[1]) for kind, cols in rows.items() if kind.startswith("torn"))
+    torn_entries = sum(int(cols[5].split("/")[1]) for kind, cols in rows.items()
+                       if kind.startswith("torn"))
+    assert torn_entries == 2 * torn_rounds, out  # a torn entry and a corruption per round
