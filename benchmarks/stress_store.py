@@ -48,7 +48,7 @@ Repairs are counted by the loaders themselves (their ``os.replace`` is traced: a
 ``tmp/<token>.broken.*`` is a repair). Any failure exits 1.
 
 Run: ``HF_HUB_OFFLINE=1 python benchmarks/stress_store.py [--rounds 20] [--procs 16]
-[--kill-rate 0.25] [--seed 0]``; CI runs a short form from ``tests/test_store.py``.
+[--kill-rate 0.25] [--seed 0]``; CI runs a short form from ``tests/runtime/test_store.py``.
 """
 
 from __future__ import annotations

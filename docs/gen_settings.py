@@ -1,7 +1,7 @@
 """Write the environment table of docs/settings.md from codeferry's one table of settings.
 
 ``python docs/gen_settings.py`` rewrites the lines between ``<!-- env:begin`` and
-``<!-- env:end -->``; ``tests/test_settings_doc.py`` fails while the page and
+``<!-- env:end -->``; ``tests/house/test_settings_doc.py`` fails while the page and
 ``codeferry._settings.SETTINGS`` differ.
 """
 

@@ -70,9 +70,37 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="also run the long forms of the stress tests (marked slow)")
 
 
+#: Under pytest-xdist (``-n 2`` in pyproject's addopts) a file's tests run on one worker, so
+#: module fixtures are made once; these files share a worker too (one Ray instance at a time
+#: on the machine). The longest files start first, so that the workers finish together.
+_SHARED_SCOPE = {"exec/test_ray_cluster.py": "ray", "exec/test_ray.py": "ray"}
+_LONGEST_FIRST = ("exec/test_ray_cluster.py", "exec/test_ray.py", "vllm/test_vllm.py",
+                  "runtime/test_travel.py", "code/test_hub_cache.py", "exec/test_executor.py")
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0].removeprefix("tests/")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return _SHARED_SCOPE.get(_file_of(nodeid), _file_of(nodeid))
+
+    return ByFile(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``slow`` (the long form of a stress test whose short form always runs)
-    are skipped unless ``--slow`` is given."""
+    """The longest files first (stable otherwise). Tests marked ``slow`` (the long form of a
+    stress test whose short form always runs) are skipped unless ``--slow`` is given."""
+    def rank(item: pytest.Item) -> int:
+        name = _file_of(item.nodeid)
+        return _LONGEST_FIRST.index(name) if name in _LONGEST_FIRST else len(_LONGEST_FIRST)
+
+    items.sort(key=rank)
     if config.getoption("--slow"):
         return
     skip = pytest.mark.skip(reason="long form: pytest --slow")

@@ -1,6 +1,6 @@
 """codeferry: load Hugging Face remote code correctly in every process and on every node.
 
-The public API is this short list (pinned by ``tests/test_api.py``); everything in a
+The public API is this short list (pinned by ``tests/house/test_api.py``); everything in a
 module whose name starts with ``_`` is private.
 """
 

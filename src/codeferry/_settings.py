@@ -3,7 +3,7 @@
 Each value is read when it is asked for, never at import (vLLM's ``envs.py`` idea without its
 import-time reads): a test, a worker or a user may change the environment after ``import
 codeferry``, and the next call sees it. No other module of the package reads
-``os.environ`` (``tests/test_layers.py`` pins that), so this table is complete, and the
+``os.environ`` (``tests/house/test_layers.py`` pins that), so this table is complete, and the
 settings page of the docs is generated from it (``markdown()``).
 
 Where a variable belongs to another library (``HF_HOME``, ``HF_HUB_CACHE``...), codeferry

@@ -17,7 +17,7 @@ its code in one more process): ``estimate_tokens`` counts UTF-8 bytes, about fou
 token for BPE vocabularies, a little fewer for WordPiece. Only the order and the rough
 size matter: the worker pads each batch to its real longest row.
 
-Pure: no torch, no processes. ``tests/test_batching.py`` checks the invariants with
+Pure: no torch, no processes. ``tests/exec/test_batching.py`` checks the invariants with
 hypothesis.
 """
 

@@ -69,7 +69,7 @@ def prepare(
     *,
     tasks: Sequence[str] = ("generate",),
     device: str = "cpu",
-    dtype: object = None,
+    dtype: object | None = None,
     digest: str | None = None,
     demo: bool = False,
     local_device: bool = True,
@@ -83,8 +83,9 @@ def prepare(
     checks its own node). ``need``: ``"code"`` for a caller that builds configs only (the
     doctor), so a repo's weights are not downloaded for it.
     """
+    dtype = dtype_name(dtype)  # the cheap checks first, before anything is downloaded
     if local_device:
-        check_device(device)  # cheapest first, and before anything is downloaded
+        check_device(device)
     bundle = options.resolve_code(model, whole=need == "model", requirements=need == "model")
     if digest is not None and bundle.digest != digest:
         raise code_changed(bundle, digest)
@@ -92,5 +93,4 @@ def prepare(
     if need == "model":
         bundle.check_classes(needed_classes(tasks))  # another class's problem is no matter
     decision = options.decide(bundle, demo=demo)
-    return Plan(os.fspath(model), options, bundle, weights, decision, device, dtype_name(dtype),
-                tuple(tasks))
+    return Plan(os.fspath(model), options, bundle, weights, decision, device, dtype, tuple(tasks))
