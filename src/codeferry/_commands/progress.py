@@ -81,6 +81,10 @@ class Progress:
     def advance(self, count: int = 1) -> None:
         if self._bar is not None:
             self._bar.update(count)
+            if self._bar.n >= self.total:
+                # tqdm skips redraws within ``mininterval``: the last one is drawn regardless,
+                # so the terminal always shows the run at 100% before the bar goes
+                self._bar.refresh()
 
     @contextlib.contextmanager
     def printing(self) -> Iterator[None]:
