@@ -211,3 +211,26 @@ def test_processors_and_image_processors_through_transformers(
     assert type(proc.image_processor) is type(image)
     out = proc(text=["hi", "abc"], images=[[1.0, 2.0], [3.0, 4.0]])
     assert {"input_ids", "pixel_values"} <= set(out.keys())
+
+
+def test_uninstall_gives_back_every_function_codeferry_patched(tmp_path: Path) -> None:
+    """Five places answer transformers (remote classes, adoption, saving, generate() on old
+    heads, one model_type per model); one registry records them, and uninstall restores all."""
+    import transformers.dynamic_module_utils as dmu
+    from transformers import AutoConfig
+    from transformers.models.auto import auto_factory
+
+    from codeferry._hf import patches
+
+    places = [(dmu, "get_class_from_dynamic_module"), (dmu, "get_class_in_module"),
+              (dmu, "custom_object_save"), (auto_factory, "add_generation_mixin_to_remote_model"),
+              (AutoConfig, "from_pretrained")]
+    codeferry.uninstall()  # from a clean state, whatever earlier tests did
+    originals = [vars(owner)[name] for owner, name in places]
+    codeferry.load(write_model(tmp_path / "m", ModelSpec(name="patched")), trust_remote_code=True)
+    codeferry.install()
+    assert all(patches.patched(owner, name) for owner, name in places)
+    assert all(vars(owner)[name] is not o for (owner, name), o in zip(places, originals))
+    codeferry.uninstall()
+    assert [vars(owner)[name] for owner, name in places] == originals
+    assert not any(patches.patched(owner, name) for owner, name in places)
