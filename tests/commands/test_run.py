@@ -220,6 +220,10 @@ def test_remote_code_refused_without_trust(
         ('first\n{"id": 1, "prompt": "y"}\n', 2, "already used on line 1"),
         ('{"id": true, "prompt": "x"}\n', 1, "not a non-empty string or an integer"),
         ('{"id": "a", "prompt": 3}\n', 1, '"prompt" is not a non-empty string'),
+        # a lone surrogate crashed the run after its workers started, and every resume
+        ('{"id": "a", "prompt": "ok"}\n{"id": "b", "prompt": "x\\udfff"}\n', 2,
+         '"prompt" holds a lone surrogate \\udfff (character 2)'),
+        ('{"id": "\\ud800", "prompt": "x"}\n', 1, '"id" holds a lone surrogate \\ud800'),
         ("[1, 2]\nok\n", 0, ""),  # not an object, not starting with "{": plain text, accepted
     ],
 )
