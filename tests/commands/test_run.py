@@ -304,6 +304,7 @@ def test_torn_last_line_is_repaired_and_a_finished_run_is_left_alone(
     lines = clean.splitlines(keepends=True)
     output = tmp_path / "out.jsonl"
     output.write_bytes(b"".join(lines[:20]) + lines[20][:15])  # killed mid-line by hand
+    shutil.copy(source.with_name("clean.jsonl.codeferry.json"), f"{output}.codeferry.json")
     argv = resume_argv(slowy, source, output)
     assert run_cli(capsys, *argv) == (0, "", "")
     assert output.read_bytes() == clean
