@@ -64,7 +64,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         ("CODEFERRY_HOME",),
         "`$XDG_CACHE_HOME/codeferry`, else `~/.cache/codeferry`",
-        "codeferry's store of verified code units (`v1/units/<token>/`), written atomically under a file lock per unit",
+        "codeferry's store of verified code units (`v1/units/<token>/`), written atomically under a file lock per unit; "
+        "also the locks of `codeferry run`'s outputs (`run-locks/`)",
     ),
     Setting(
         ("XDG_CACHE_HOME",),

@@ -17,6 +17,7 @@ import io
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,7 @@ from .errors import (
     InputNotFoundError,
     ModelNotFoundError,
     RemoteTraceback,
+    RunStoppedError,
 )
 
 __all__ = ["main"]
@@ -228,9 +230,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     Batch inference on worker processes. Input: JSONL objects with an "id" and a
     "prompt" (or "text"), or plain text lines (id: the line number). Output: one JSON
-    line per input, in input order; rerunning with the same --output resumes. With no
-    arguments, runs the bundled demo model on its prompts and prints JSONL. Exit 0:
-    every input has a result; 1: some failed (error lines) or an error; 2: usage.
+    line per input, in input order; rerunning with the same --output resumes (and
+    --retry-errors runs the error lines again). A fault of the machine (a broken
+    executor, changed code, a batch timeout) stops the run, never written as a line: the
+    same command resumes. With no arguments, runs the bundled demo model on its prompts
+    and prints JSONL. Exit 0: every input has a result; 1: some failed (error lines) or an
+    error; 2: usage.
     """
     from ._commands.run import run
 
@@ -242,6 +247,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                         ("--max-new-tokens", args.max_new_tokens)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
+    if args.batch_timeout is not None and not args.batch_timeout > 0:
+        raise UsageError(f"--batch-timeout must be more than 0 seconds, got {args.batch_timeout}")
     if args.input is None and args.model is not None:
         raise UsageError("--input FILE is required with a MODEL (without MODEL, the bundled "
                          "demo runs on its own prompts)")
@@ -262,7 +269,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             start_method=args.start_method, batch_size=args.batch_size,
             max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
             pooling=args.pooling, force_resume=args.force_resume, backend=args.backend,
-            address=args.address, **_options(args).keywords(),
+            address=args.address, retry_errors=args.retry_errors,
+            batch_timeout=args.batch_timeout, **_options(args).keywords(),
         )
     except BrokenPipeError:  # `codeferry run | head`: the reader left; stop quietly
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -395,7 +403,14 @@ def _add_run(sub: _Commands) -> argparse.ArgumentParser:
     run.add_argument("--force-resume", action="store_true",
                      help="resume an --output that another model, code digest, task option or "
                      "dtype produced (OUTPUT.codeferry.json records what did; a mismatch is "
-                     "refused without this flag)")
+                     "refused without this flag; so is an input edited under ids already "
+                     "answered, or an output without its record)")
+    run.add_argument("--retry-errors", action="store_true",
+                     help="run the inputs of the output's error lines again (the output is "
+                     "rewritten whole, each id once, in input order, and renamed into place)")
+    run.add_argument("--batch-timeout", type=float, metavar="SECONDS",
+                     help="a worker whose batch runs longer is killed and replaced, the batch "
+                     "retried; a batch that times out every attempt stops the run (default: none)")
     return run
 
 
@@ -414,6 +429,7 @@ def _add_verify(sub: _Commands) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``codeferry`` console script."""
     parser = _parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     debug: bool = args.debug or _settings.debug()
     func: Callable[[argparse.Namespace], int] = args.func
@@ -437,6 +453,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if tail:
                 print(tail, file=sys.stderr, end="")
         print(f"codeferry: error: {exc}", file=sys.stderr)
+        if isinstance(exc, RunStoppedError) and exc.output is not None:
+            exc.resume = "codeferry " + shlex.join(argv)
+            print(f"codeferry: to resume, run: {exc.resume}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

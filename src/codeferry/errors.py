@@ -72,6 +72,11 @@ __all__ = [
     "HubRevisionNotFoundError",
     "GatedRepoError",
     "HubDownloadError",
+    "ForeignOutputError",
+    "RunStoppedError",
+    "InputChangedError",
+    "ResumeUncheckedError",
+    "OutputHeldError",
 ]
 
 
@@ -383,6 +388,32 @@ class OutputError(CodeferryError, OSError):
     """The ``--output`` file of ``codeferry run`` cannot be opened, locked or written."""
 
 
+class ForeignOutputError(OutputError):
+    """The ``--output`` file holds a line ``codeferry run`` does not write (``path``/``line``
+    name it): the file is someone else's, so it is left exactly as it is."""
+
+
+class RunStoppedError(CodeferryError, RuntimeError):
+    """``codeferry run`` stopped on a fault of the machine, not of an input: the executor
+    broke, the model's code changed, a worker could not start, a batch timed out, the store
+    failed. The fault is the ``__cause__``; nothing of it was written as an output line, so
+    the same command resumes. ``written`` lines of ``total`` are in ``output`` (``None``:
+    stdout); ``stopped_at`` is the first input id not written; ``resume`` the command that
+    resumes (the CLI fills it in).
+    """
+
+    def __init__(
+        self, message: str, *, written: int = 0, total: int = 0, output: str | None = None,
+        stopped_at: Any = None, resume: str | None = None, **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.written = written
+        self.total = total
+        self.output = output
+        self.stopped_at = stopped_at
+        self.resume = resume
+
+
 # -- the code the parent checked ------------------------------------------------------
 
 
@@ -415,6 +446,25 @@ class ResumeMismatchError(CodeferryError, ValueError):
     ) -> None:
         super().__init__(message, **kwargs)
         self.differences = differences or {}
+
+
+class InputChangedError(ResumeMismatchError):
+    """A resume whose input holds another request, under an id the output already answers,
+    than the run that wrote that line had: the line would be a stale answer. ``ids`` are
+    those ids, ``lines`` their lines in the input now."""
+
+    def __init__(
+        self, message: str, *, ids: tuple[Any, ...] = (), lines: tuple[int, ...] = (),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.ids = ids
+        self.lines = lines
+
+
+class ResumeUncheckedError(ResumeMismatchError):
+    """A resume that cannot be checked: the output holds lines but no record of what
+    produced them is beside it (or the record predates what is checked now)."""
 # -- messages that lead somewhere -------------------------------------------------------
 
 
@@ -576,6 +626,18 @@ class DTypeError(CodeferryError, ValueError):
     def __init__(self, message: str, *, dtype: str | None = None, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.dtype = dtype
+
+
+class OutputHeldError(OutputLockError):
+    """Another run holds the lock of the ``--output`` file (of the file itself: any name of
+    it, a hard link or a bind mount included). ``holder`` says which run: its ``pid``,
+    ``host``, ``command`` and ``started`` (seconds since the epoch), as it recorded them."""
+
+    def __init__(self, message: str, *, holder: dict[str, Any] | None = None,
+                 **kwargs: Any) -> None:
+        kwargs.setdefault("held", True)
+        super().__init__(message, **kwargs)
+        self.holder = holder or {}
 
 
 # -- the Hugging Face Hub -------------------------------------------------------------

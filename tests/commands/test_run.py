@@ -220,6 +220,10 @@ def test_remote_code_refused_without_trust(
         ('first\n{"id": 1, "prompt": "y"}\n', 2, "already used on line 1"),
         ('{"id": true, "prompt": "x"}\n', 1, "not a non-empty string or an integer"),
         ('{"id": "a", "prompt": 3}\n', 1, '"prompt" is not a non-empty string'),
+        # a lone surrogate crashed the run after its workers started, and every resume
+        ('{"id": "a", "prompt": "ok"}\n{"id": "b", "prompt": "x\\udfff"}\n', 2,
+         '"prompt" holds a lone surrogate \\udfff (character 2)'),
+        ('{"id": "\\ud800", "prompt": "x"}\n', 1, '"id" holds a lone surrogate \\ud800'),
         ("[1, 2]\nok\n", 0, ""),  # not an object, not starting with "{": plain text, accepted
     ],
 )
@@ -300,6 +304,7 @@ def test_torn_last_line_is_repaired_and_a_finished_run_is_left_alone(
     lines = clean.splitlines(keepends=True)
     output = tmp_path / "out.jsonl"
     output.write_bytes(b"".join(lines[:20]) + lines[20][:15])  # killed mid-line by hand
+    shutil.copy(source.with_name("clean.jsonl.codeferry.json"), f"{output}.codeferry.json")
     argv = resume_argv(slowy, source, output)
     assert run_cli(capsys, *argv) == (0, "", "")
     assert output.read_bytes() == clean

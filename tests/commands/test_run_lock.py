@@ -1,4 +1,6 @@
-"""The output lock of ``codeferry run``: filelock on ``<output>.codeferry.lock``, typed errors.
+"""The output lock of ``codeferry run``: a filelock of the output file itself (its device and
+inode) in codeferry's home, so every name of the file shares it; typed errors that name the
+run holding it.
 
 The holder is a real second process running codeferry's own output sink; the runs that
 are refused never start a worker (the lock is taken before), so these tests stay fast.
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from codeferry import cli
+from codeferry import cli, errors
 from codeferry._commands.run import lock_path, run
 from codeferry.errors import OutputError, OutputLockError
 
@@ -53,18 +55,24 @@ def _holder(output: Path, mode: str = "hold") -> subprocess.Popen[str]:
 
 
 @pytest.fixture
-def held(tmp_path: Path) -> Iterator[Path]:
-    """An output file another process is writing (holding its lock)."""
+def holder(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
+    """The process writing ``out.jsonl`` (holding its lock)."""
     output = tmp_path / "out.jsonl"
     proc = _holder(output)
     assert proc.stdout is not None and proc.stdout.readline() == "held\n"
     try:
-        yield output
+        yield proc
     finally:
         assert proc.stdin is not None
         proc.stdin.close()
         proc.wait(30)
         proc.stdout.close()
+
+
+@pytest.fixture
+def held(tmp_path: Path, holder: subprocess.Popen[str]) -> Path:
+    """An output file another process is writing (holding its lock)."""
+    return tmp_path / "out.jsonl"
 
 
 def test_an_output_another_run_writes_is_refused(
@@ -91,18 +99,43 @@ def test_a_link_to_an_output_another_run_writes_is_refused(held: Path) -> None:
     with pytest.raises(OutputLockError) as info:
         run(DEMO, PROMPTS, link, workers=1, start_method="fork")
     assert info.value.held and info.value.lock_path == str(lock_path(held))
-    assert not lock_path(link).exists()
+
+
+def test_a_hard_link_to_an_output_another_run_writes_is_refused(
+    tmp_path: Path, holder: subprocess.Popen[str]
+) -> None:
+    """A hard link is the same file under a name no link resolution finds: the lock of a
+    path let two runs write one output (every id twice). The error names the holder."""
+    held = tmp_path / "out.jsonl"
+    hard = tmp_path / "elsewhere" / "hard.jsonl"
+    hard.parent.mkdir()
+    os.link(held, hard)
+    with pytest.raises(OutputLockError) as info:
+        run(DEMO, PROMPTS, hard, workers=1, start_method="fork")
+    assert held.read_bytes() == b""  # nothing written through the second name
+    assert isinstance(info.value, errors.OutputHeldError) and info.value.held
+    assert info.value.lock_path == str(lock_path(held)) == str(lock_path(hard))
+    assert info.value.holder["pid"] == holder.pid
+    assert info.value.holder["output"] == str(held)
+    assert f"pid {holder.pid} " in info.value.message and str(held) in info.value.message
+    # nothing of the lock lives in the user's folders
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["elsewhere", "hard.jsonl", "out.jsonl"]
 
 
 def test_an_output_whose_lock_file_cannot_be_made_is_refused(tmp_path: Path) -> None:
     output = tmp_path / "out.jsonl"
+    output.touch()
+    lock_path(output).parent.mkdir(parents=True, exist_ok=True)
     lock_path(output).mkdir()  # a folder where the lock file goes: nothing can lock it
-    with pytest.raises(OutputLockError) as info:
-        run(DEMO, PROMPTS, output, workers=1, start_method="fork")
+    try:
+        with pytest.raises(OutputLockError) as info:
+            run(DEMO, PROMPTS, output, workers=1, start_method="fork")
+    finally:
+        lock_path(output).rmdir()
     assert not info.value.held and info.value.lock_path == str(lock_path(output))
     assert "cannot be created" in info.value.message and info.value.fix
-    assert not output.exists()  # the output this run created is gone again
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl.codeferry.lock"]
+    assert output.read_bytes() == b""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl"]
 
 
 def test_a_forked_child_does_not_keep_the_lock_of_a_dead_run(tmp_path: Path) -> None:

@@ -1,13 +1,17 @@
 """``codeferry run`` records what produced an output, and resumes only the same producer.
 
 The record (``<output>.codeferry.json``) names the model, its code digest, the task and the
-options that shape the lines; a resume by another one is refused with
-``ResumeMismatchError`` naming each difference, unless ``--force-resume``.
+options that shape the lines, and a digest of each input's request; a resume by another
+producer is refused with ``ResumeMismatchError`` naming each difference, one whose input
+changed under ids already answered with ``InputChangedError``, one that cannot be checked
+(no record beside the output) with ``ResumeUncheckedError``, unless ``--force-resume``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +24,7 @@ import transformers.modeling_utils  # noqa: F401
 from _helpers import read_jsonl, write_jsonl
 
 import codeferry
-from codeferry import cli
+from codeferry import cli, errors
 from codeferry._commands.run import record_path, run
 from codeferry._trust import options as _options
 from codeferry.errors import CodeChangedError, ResumeMismatchError
@@ -41,6 +45,12 @@ def record(output: Path) -> dict[str, Any]:
     return data
 
 
+def digests(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """The record's ``inputs``: each id (as JSON) -> the start of its prompt's sha256."""
+    return {json.dumps(row["id"]): hashlib.sha256(row["prompt"].encode()).hexdigest()[:16]
+            for row in rows}
+
+
 def test_a_resume_by_another_producer_is_refused_unless_forced(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -51,7 +61,8 @@ def test_a_resume_by_another_producer_is_refused_unless_forced(
     run(model, source, output, max_new_tokens=3, **FAST)
     producer = {"model": str(model.resolve()), "digest": first, "task": "generate",
                 "options": {"dtype": None, "max_new_tokens": 3}}
-    assert record(output) == {"format": "codeferry-run/1", **producer, "earlier": []}
+    assert record(output) == {"format": "codeferry-run/2", **producer, "earlier": [],
+                              "inputs": digests(ROWS[:2])}
     assert all(set(json.loads(line)) == {"id", "output"}
                for line in output.read_text(encoding="utf-8").splitlines())  # lines unchanged
 
@@ -87,25 +98,74 @@ def test_a_resume_by_another_producer_is_refused_unless_forced(
     # --force-resume appends, and the record keeps what produced the earlier lines
     assert cli.main([*argv, "--force-resume"]) == 0
     assert ids(output) == [f"r{i}" for i in range(6)]
-    assert record(output) == {"format": "codeferry-run/1", **producer, "digest": second,
-                              "earlier": [producer]}
+    assert record(output) == {"format": "codeferry-run/2", **producer, "digest": second,
+                              "earlier": [producer], "inputs": digests(ROWS[:6])}
     capsys.readouterr()
 
 
-def test_an_output_without_a_record_resumes_and_gets_one(tmp_path: Path) -> None:
+def test_an_output_without_its_record_is_resumed_only_when_forced(tmp_path: Path) -> None:
+    """Moved away from its record, an output cannot be checked: a resume with other options
+    used to be accepted, and mixed them into one output."""
     model = write_model(tmp_path / "old", ModelSpec(name="old", tokenizer=True))
     source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_jsonl(source, ROWS[:2])
     run(model, source, output, task="embed", **FAST)
-    record_path(output).unlink()  # as written before records existed
+    moved = tmp_path / "moved.jsonl"
+    output.rename(moved)  # the record stays behind
+    kept = moved.read_bytes()
     write_jsonl(source, ROWS[:3])
-    assert run(model, source, output, task="embed", **FAST).written == 1
-    assert ids(output) == ["r0", "r1", "r2"]
-    assert record(output)["options"] == {"dtype": None, "pooling": "mean"}
+    with pytest.raises(ResumeMismatchError) as info:
+        run(model, source, moved, task="embed", pooling="cls", **FAST)
+    assert isinstance(info.value, errors.ResumeUncheckedError)
+    assert info.value.path == str(moved) and "--force-resume" in str(info.value)
+    assert "holds 2 lines but no record" in info.value.message
+    assert moved.read_bytes() == kept and not record_path(moved).exists()
+    # forced, it resumes and gets a record from then on
+    assert run(model, source, moved, task="embed", force_resume=True, **FAST).written == 1
+    assert ids(moved) == ["r0", "r1", "r2"]
+    assert record(moved)["options"] == {"dtype": None, "pooling": "mean"}
+    assert record(moved)["inputs"] == digests(ROWS[:3])
     with pytest.raises(ResumeMismatchError) as info:
         write_jsonl(source, ROWS[:4])
-        run(model, source, output, task="embed", pooling="cls", **FAST)
+        run(model, source, moved, task="embed", pooling="cls", **FAST)
     assert info.value.differences == {"pooling": ("mean", "cls")}
+
+
+def test_an_input_edited_under_answered_ids_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Same ids, another prompt: the old lines would be stale answers, resumed silently."""
+    model = write_model(tmp_path / "edit", ModelSpec(name="edit", tokenizer=True))
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_jsonl(source, ROWS[:3])
+    run(model, source, output, max_new_tokens=2, **FAST)
+    kept = output.read_bytes()
+    edited = [*ROWS[:1], {"id": "r1", "prompt": "another prompt"}, *ROWS[2:5]]
+    write_jsonl(source, edited)
+    argv = ["run", str(model), "--input", str(source), "-o", str(output), "--trust-remote-code",
+            "--max-new-tokens", "2", "--workers", "1", "--start-method", "fork"]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and 'line 2 (id "r1")' in err and "--force-resume" in err
+    assert output.read_bytes() == kept
+    with pytest.raises(errors.InputChangedError) as info:
+        run(model, source, output, max_new_tokens=2, **FAST)
+    assert (info.value.ids, info.value.lines) == (("r1",), (2,))
+    assert isinstance(info.value, ResumeMismatchError) and info.value.path == str(output)
+    # an input that only grew resumes as before; forced, an edited one keeps the old lines
+    write_jsonl(source, [*ROWS[:3], *ROWS[3:5]])
+    assert run(model, source, output, max_new_tokens=2, **FAST).written == 2
+    write_jsonl(source, [*edited, ROWS[5]])
+    assert run(model, source, output, max_new_tokens=2, force_resume=True, **FAST).written == 1
+    assert ids(output) == [f"r{i}" for i in range(6)]
+    assert record(output)["inputs"] == digests([*edited, ROWS[5]])
+    # a copy with its record beside it is checked like the original
+    copy = tmp_path / "copy.jsonl"
+    shutil.copy(output, copy)
+    shutil.copy(record_path(output), record_path(copy))
+    write_jsonl(source, ROWS[:7])
+    with pytest.raises(errors.InputChangedError):
+        run(model, source, copy, max_new_tokens=2, **FAST)
 
 
 def test_a_run_whose_model_changes_after_the_check_writes_nothing(

@@ -9,8 +9,8 @@ Input (UTF-8, one input per line; blank lines are skipped):
 * any other line is plain text, used whole (without its line ending); its ``id`` is its
   1-based line number in the file, as an integer.
 
-Ids must be unique. Bad input raises ``InputFormatError`` naming ``file:line`` before anything
-is written.
+Ids must be unique; a string holding a lone surrogate (JSON ``"\\udfff"``) is refused. Bad
+input raises ``InputFormatError`` naming ``file:line`` before anything is written.
 """
 
 from __future__ import annotations
@@ -122,4 +122,21 @@ def _json_item(path: Path, number: int, line: str, keys: tuple[str, str]) -> Inp
     if not isinstance(text, str) or not text:
         raise _input_error(path, number, f'"{key}" is not a non-empty string.',
                            f'make "{key}" the input text.')
+    for name, value in (("id", ident), (key, text)):
+        _check_encodable(path, number, name, value)
     return InputItem(ident, text, number)
+
+
+def _check_encodable(path: Path, number: int, name: str, value: object) -> None:
+    """A JSON escape can spell half a surrogate pair (``"\\udfff"``): no text, and nothing
+    the model, the output or a terminal can encode."""
+    if not isinstance(value, str):
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise _input_error(
+            path, number, f'"{name}" holds a lone surrogate \\u{ord(value[exc.start]):04x} '
+            f"(character {exc.start + 1}), which is not text.",
+            "write the character meant (an escaped pair such as \\ud83d\\ude00 is fine), or "
+            "remove the escape.") from None

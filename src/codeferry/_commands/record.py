@@ -1,38 +1,52 @@
 """What produced an output of ``codeferry run``, recorded next to it.
 
 What produced an output is recorded next to it, in ``<output>.codeferry.json`` (written
-atomically before the first line; the JSONL lines themselves stay as above)::
+atomically before the first line; the JSONL lines themselves stay as they are)::
 
-    {"format": "codeferry-run/1", "model": "org/name@<commit>", "digest": "sha256:...",
-     "task": "generate", "options": {"max_new_tokens": 16, "dtype": null}, "earlier": []}
+    {"format": "codeferry-run/2", "model": "org/name@<commit>", "digest": "sha256:...",
+     "task": "generate", "options": {"max_new_tokens": 16, "dtype": null}, "earlier": [],
+     "inputs": {"\\"a1\\"": "<16 hex digits>", "2": "...", ...}}
 
-A resume whose model, code digest, task or options differ from the record is refused
-with ``ResumeMismatchError`` naming each difference, so one output never silently mixes
-them; ``force_resume`` (``--force-resume``) appends anyway and keeps the earlier record
-in ``earlier``. An output written before records existed is resumed as before.
+``inputs`` maps each input id (as JSON) to a digest of its request (the text sent to the
+model), for every input of the run that wrote the record. A resume is checked against it:
+
+* another model, code digest, task or options: ``ResumeMismatchError`` naming each;
+* an id already answered in the output whose request is another now (an input edited under
+  the same id): ``InputChangedError`` naming the ids and their lines;
+* output lines with no record beside them (an output moved away from its record, one
+  written before records existed) or a record without input digests: nothing can be
+  checked, ``ResumeUncheckedError``.
+
+``force_resume`` (``--force-resume``) resumes anyway, and keeps an earlier producer that
+differs in ``earlier``. So one output never silently mixes producers or inputs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .. import _settings
 from .._code.resolve import Bundle
 from ..errors import (
+    InputChangedError,
     OutputError,
     ResumeMismatchError,
+    ResumeUncheckedError,
 )
+from .inputs import Id, InputItem, Task
 
-# -- what produced the output ----------------------------------------------------------
-from .inputs import Task
+__all__ = ["check_record", "input_digests", "producer", "record_path", "write_record"]
 
-__all__ = ["check_record", "producer", "record_path", "write_record"]
-
-_RECORD_FORMAT = "codeferry-run/1"
+_RECORD_FORMAT = "codeferry-run/2"
+#: Records of this format are read too: the same fields, without ``inputs``.
+_FORMATS = (_RECORD_FORMAT, "codeferry-run/1")
+_FORCE = "pass --force-resume to resume it anyway"
 
 
 def record_path(output: Path) -> Path:
@@ -41,7 +55,7 @@ def record_path(output: Path) -> Path:
 
 
 def producer(bundle: Bundle, weights: str, task: Task, max_new_tokens: int | None,
-              pooling: str | None, dtype: str | None) -> dict[str, Any]:
+             pooling: str | None, dtype: str | None) -> dict[str, Any]:
     """What decides an output's lines: the model (``weights``: where its weights are from,
     its name), its code, the task and its options."""
     options: dict[str, Any] = {"dtype": dtype}
@@ -53,6 +67,16 @@ def producer(bundle: Bundle, weights: str, task: Task, max_new_tokens: int | Non
             "options": options}
 
 
+def _key(ident: Id) -> str:
+    return json.dumps(ident)  # 1 and "1" stay apart
+
+
+def input_digests(items: Sequence[InputItem]) -> dict[str, str]:
+    """Each input's id (as JSON) -> the first 16 hex digits of the sha256 of its request."""
+    return {_key(item.id): hashlib.sha256(item.text.encode("utf-8")).hexdigest()[:16]
+            for item in items}
+
+
 def _flat(producer: dict[str, Any]) -> dict[str, Any]:
     fields = {k: producer.get(k) for k in ("model", "digest", "task")}
     options = producer.get("options")
@@ -61,46 +85,83 @@ def _flat(producer: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
-def check_record(output: Path, producer: dict[str, Any], resuming: bool,
-                  force: bool) -> dict[str, Any] | None:
+def check_record(output: Path, producer: dict[str, Any], items: Sequence[InputItem],
+                 written: set[Id], force: bool) -> dict[str, Any] | None:
     """The record to write before the first line (``None``: the one there is right).
 
-    Raises ``ResumeMismatchError`` when resuming an output another producer wrote.
+    ``written``: the ids the output holds already. Raises ``ResumeMismatchError`` (or its
+    ``InputChangedError``, ``ResumeUncheckedError``) when they cannot be resumed, unless
+    ``force``.
     """
     path = record_path(output)
-    fresh = {"format": _RECORD_FORMAT, **producer, "earlier": []}
+    fresh = {"format": _RECORD_FORMAT, **producer, "earlier": [], "inputs": input_digests(items)}
     try:
         recorded: Any = json.loads(path.read_bytes())
     except FileNotFoundError:
-        return fresh  # a new output, or one written before records existed
+        if written and not force:
+            raise ResumeUncheckedError(
+                f"the output holds {len(written)} lines but no record of what produced them is "
+                f"beside it ({path.name}): a resume cannot check the model, its options or "
+                "the input they answer.", path=str(output),
+                fix=f"move the record back beside it, choose another --output, or {_FORCE} "
+                "(trusting the lines there).") from None
+        return fresh
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        if not resuming or force:
+        if not written or force:
             return fresh
         raise OutputError(
             f"cannot read {path}, the record of what produced {output}: {exc}.",
             path=str(path), fix="delete the output and its record to start over, or pass "
             "--force-resume to append to it anyway.") from None
-    if not resuming:
+    if not written:
         return fresh
-    if not isinstance(recorded, dict) or recorded.get("format") != _RECORD_FORMAT:
+    if not isinstance(recorded, dict) or recorded.get("format") not in _FORMATS:
         recorded = {}
     before, now = _flat(recorded), _flat(producer)
     differences = {key: (before.get(key), now[key]) for key in now if before.get(key) != now[key]}
-    if not differences:
-        return None
-    if force:
-        earlier = recorded.get("earlier")
-        previous = {k: v for k, v in recorded.items() if k not in ("format", "earlier")}
-        return {**fresh, "earlier": [*(earlier if isinstance(earlier, list) else []), previous]}
-    shown = "; ".join(f"{key} was {json.dumps(old)}, is {json.dumps(new)}"
-                      for key, (old, new) in differences.items())
-    raise ResumeMismatchError(
-        f"the existing output was produced by another {', '.join(differences)}: {shown} "
-        f"(recorded in {path}).",
-        path=str(output), differences=differences,
-        fix="rerun with what produced it, choose another --output, delete the output and "
-        "its record to start over, or pass --force-resume to append to it anyway.",
-    )
+    earlier = recorded.get("earlier")
+    earlier = earlier if isinstance(earlier, list) else []
+    if differences:
+        if not force:
+            shown = "; ".join(f"{key} was {json.dumps(old)}, is {json.dumps(new)}"
+                              for key, (old, new) in differences.items())
+            raise ResumeMismatchError(
+                f"the existing output was produced by another {', '.join(differences)}: "
+                f"{shown} (recorded in {path}).", path=str(output), differences=differences,
+                fix="rerun with what produced it, choose another --output, delete the output "
+                "and its record to start over, or pass --force-resume to append to it anyway.",
+            )
+        previous = {k: v for k, v in recorded.items() if k not in ("format", "earlier", "inputs")}
+        earlier = [*earlier, previous]
+    if not force:
+        _check_inputs(output, path, recorded.get("inputs"), items, written)
+    new = {**fresh, "earlier": earlier}
+    return None if new == recorded else new
+
+
+def _check_inputs(output: Path, path: Path, recorded: Any, items: Sequence[InputItem],
+                  written: set[Id]) -> None:
+    if not isinstance(recorded, dict):
+        raise ResumeUncheckedError(
+            f"the output's record {path.name} predates input digests: a resume cannot check "
+            "that the input still holds the requests its lines answer.", path=str(output),
+            fix=f"{_FORCE} (trusting the lines there), or choose another --output.")
+    now = input_digests(items)
+    changed = [item for item in items if item.id in written
+               and recorded.get(_key(item.id)) != now[_key(item.id)]]
+    if not changed:
+        return
+    first = ", ".join(f"line {item.line} (id {_key(item.id)})" for item in changed[:3])
+    more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+    raise InputChangedError(
+        f"the input changed since the output was written: {first}{more} now hold"
+        f"{'s' if len(changed) == 1 else ''} another request than the one its output line "
+        "answers.", path=str(output), ids=tuple(item.id for item in changed),
+        lines=tuple(item.line for item in changed),
+        differences={f"input {_key(i.id)}": (recorded.get(_key(i.id)), now[_key(i.id)])
+                     for i in changed},
+        fix="restore the input, choose another --output, delete the output and its record to "
+        "start over, or pass --force-resume to keep the old lines anyway.")
 
 
 def write_record(output: Path, record: dict[str, Any]) -> None:

@@ -1,8 +1,11 @@
 """``codeferry run``: batch inference from an input file to a resumable JSONL output file.
 
 The run reads its input whole (``inputs``), takes the output's lock and checks what is
-already there (``output``), records what produces the output (``record``), then drains the
-executor's outcomes into the output in input order with a progress bar (``progress``).
+already there (``output``), records what produces the output and its inputs (``record``),
+then drains the executor's outcomes into the output in input order with a progress bar
+(``progress``). An outcome that is a fault of the machine, not an answer for its input
+(``faults``), stops the run with ``RunStoppedError``: it is never written, and the same
+command resumes.
 """
 
 from __future__ import annotations
@@ -23,7 +26,14 @@ from .._code.lockfile import Lock
 from .._exec.executor import Executor, Outcome
 from .._exec.plan import prepare
 from .._trust.options import ModelOptions
-from ..errors import BatchFailedError
+from ..errors import (
+    BatchFailedError,
+    CodeChangedError,
+    CodeferryError,
+    RunStoppedError,
+    WorkerError,
+)
+from .faults import machine_fault
 from .inputs import TASKS, Id, InputItem, Task, read_inputs
 from .output import Sink, lock_path
 from .progress import Progress, clock
@@ -37,7 +47,8 @@ logger = logging.getLogger(__name__)
 @dataclass
 class RunResult:
     """What a run did. ``failed`` counts the error lines of the whole output (this run's and
-    earlier runs'); ``skipped`` the inputs an earlier run had written already."""
+    earlier runs'); ``skipped`` the inputs an earlier run had written already (and this run
+    did not run again)."""
 
     total: int
     skipped: int = 0
@@ -99,6 +110,8 @@ def run(
     force_resume: bool = False,
     backend: Literal["local", "ray"] = "local",
     address: str | None = None,
+    retry_errors: bool = False,
+    batch_timeout: float | None = None,
 ) -> RunResult:
     """Run ``task`` on every input of ``input_path``; write JSONL to ``output`` (``None``:
     ``stdout``), resuming an output that already holds some ids.
@@ -107,7 +120,12 @@ def run(
     similar length into batches of a token budget (``Executor(max_batch_tokens=)``). No
     more workers start than there are inputs (or batches of ``batch_size``). ``progress`` (default: whether ``stderr``
     is a terminal) draws a progress bar on ``stderr``. ``force_resume`` appends to an output
-    that another model, code digest or option set produced (refused otherwise). ``dtype``
+    that another model, code digest or option set produced, whose input changed under the
+    same ids, or whose record is missing (refused otherwise). ``retry_errors`` runs the
+    inputs of the output's error lines again, the output rewritten whole (each id once, in
+    input order) and renamed into place. ``batch_timeout`` (seconds) as for ``Executor``.
+    A fault of the machine (see ``faults``) stops the run with ``RunStoppedError``, its
+    inputs unwritten; the same call resumes. ``dtype``
     is a ``torch.dtype`` or its name; ``cache_dir`` the hub cache that holds ``model``, a
     repo id it lacks being downloaded whole first (``token``, ``local_files_only`` as for
     ``load``); ``code_revision`` as for ``Executor``.
@@ -129,19 +147,22 @@ def run(
 
     path = None if output is None or str(output) == "-" else Path(output)
     sink = Sink(path, out)
-    state = sink.open(items, task)
+    state = sink.open(items, task)  # locked and read; nothing in it changed yet
     record = None
-    if path is not None:
+    if path is not None and not sink.stream:
         try:
             record = check_record(path, producer(plan.bundle, plan.weights.name, task,
                                                  max_new_tokens, pooling, plan.dtype),
-                                   bool(state.ids), force_resume)
+                                  items, state.ids, force_resume)
+            sink.repair(state)
         except BaseException:
             sink.close(discard=True)
             raise
-    result = RunResult(total=len(items), skipped=len(state.ids), failed=state.failed,
+    retried = state.errors if retry_errors else set()
+    done = state.ids - retried
+    result = RunResult(total=len(items), skipped=len(done), failed=state.failed - len(retried),
                        output=None if path is None else str(path))
-    remaining = [item for item in items if item.id not in state.ids]
+    remaining = [item for item in items if item.id not in done]
     bar = Progress(len(remaining), err, enabled=show)
     try:
         if not remaining:
@@ -149,6 +170,12 @@ def run(
             return result
         size = batch_size or max(1, min(8, math.ceil(len(remaining) / max(1, workers))))
         count = max(1, min(workers, math.ceil(len(remaining) / size)))
+        cores = os.cpu_count() or 1
+        if backend == "local" and count > cores:
+            err.write(f"codeferry: warning: {count} workers on {cores} core"
+                      f"{'s' if cores > 1 else ''}: the extra ones only take turns (and "
+                      f"memory), no faster; pass --workers {cores}.\n")
+            err.flush()
         if result.skipped:
             bar.note(f"resuming: {result.skipped} of {result.total} already in {path}")
         how = "Ray actors" if backend == "ray" else start_method
@@ -158,7 +185,8 @@ def run(
                 write_record(path, record)
             # The plan checked above: workers verify they run exactly its digest.
             executor = Executor(plan, workers=count, start_method=start_method,
-                                batch_size=batch_size, backend=backend, address=address)
+                                batch_size=batch_size, backend=backend, address=address,
+                                batch_timeout=batch_timeout)
         except BaseException:
             sink.close(discard=True)
             if path is not None and record is not None and not path.exists():
@@ -166,6 +194,8 @@ def run(
                     record_path(path).unlink()
             raise
         with executor:
+            if retried:
+                sink.rewrite([item.id for item in items], state)
             if task == "generate":
                 info = executor.worker_info[0]
                 text = (f"generating by {info.get('generate_path')} batching "
@@ -205,21 +235,67 @@ def _outcomes(executor: Executor, task: Task, texts: list[str], size: int | None
 
 def _drain(outcomes: Iterator[Outcome], remaining: list[InputItem], task: Task, sink: Sink,
            bar: Progress, result: RunResult, size: int) -> None:
-    """Write outcomes (any order) in input order, each as soon as those before it are out."""
+    """Write outcomes (any order) in input order, each as soon as those before it are out.
+
+    A fault of the machine at input k stops the run: what comes before k is still written
+    as it arrives, nothing from k on; then ``RunStoppedError``.
+    """
     waiting: dict[int, tuple[bytes, bool]] = {}
     following = 0
-    for outcome in outcomes:
-        waiting[outcome.index] = _line(remaining[outcome.index].id, task, outcome.value,
-                                       outcome.error)
-        bar.advance()
-        if following not in waiting:
-            continue
-        # stdout may be the bar's terminal: the lines go above the bar, which is drawn again
-        with bar.printing() if sink.fd is None else contextlib.nullcontext():
-            while following in waiting:
-                line, failed = waiting.pop(following)
-                sink.write(line)
-                result.written += 1
-                result.failed += failed
-                following += 1
-        sink.sync(size)
+    stop: tuple[int, BaseException] | None = None
+    try:
+        while True:
+            try:
+                outcome = next(outcomes)
+            except StopIteration:
+                break
+            except (WorkerError, CodeChangedError) as exc:  # the scheduler itself is gone
+                if stop is None or following < stop[0]:
+                    stop = (following, exc)
+                break
+            bar.advance()
+            fault = None if outcome.error is None else machine_fault(outcome.error)
+            if fault is not None and (stop is None or outcome.index < stop[0]):
+                stop = (outcome.index, fault)
+            elif fault is None and (stop is None or outcome.index < stop[0]):
+                waiting[outcome.index] = _line(remaining[outcome.index].id, task, outcome.value,
+                                               outcome.error)
+            end = len(remaining) if stop is None else stop[0]
+            if following < end and following in waiting:
+                # stdout may be the bar's terminal: the lines go above the bar, drawn again
+                with bar.printing() if sink.fd is None else contextlib.nullcontext():
+                    while following < end and following in waiting:
+                        line, failed = waiting.pop(following)
+                        sink.write(line, remaining[following].id)
+                        result.written += 1
+                        result.failed += failed
+                        following += 1
+                sink.sync(size)
+            if stop is not None and following == stop[0]:
+                break
+    finally:
+        close = getattr(outcomes, "close", None)
+        if close is not None:
+            close()  # what has not been sent is cancelled
+    if stop is not None:
+        raise _stopped(remaining[stop[0]], stop[1], result, sink)
+
+
+def _stopped(item: InputItem, fault: BaseException, result: RunResult,
+             sink: Sink) -> RunStoppedError:
+    what = fault.message if isinstance(fault, CodeferryError) else str(fault)
+    where = "stdout" if sink.path is None else str(sink.path)
+    fix = fault.fix if isinstance(fault, CodeferryError) and fault.fix else ""
+    error = RunStoppedError(
+        f"the run stopped at input {json.dumps(item.id)} (line {item.line} of the input): "
+        f"{type(fault).__name__}: {what.rstrip('.')}. That is a fault of the machine, not an "
+        f"answer for the input, so none of it was written: {where} holds "
+        f"{result.skipped + result.written} of {result.total} lines.",
+        path=None if sink.path is None else str(sink.path),
+        written=result.skipped + result.written, total=result.total,
+        output=None if sink.path is None or sink.stream else str(sink.path), stopped_at=item.id,
+        fix=(f"{fix.rstrip('.')}; then " if fix else "")
+        + ("rerun the same command: it resumes at that input." if sink.path is not None
+           and not sink.stream else "rerun it (with --output FILE a run resumes)."))
+    error.__cause__ = fault
+    return error
