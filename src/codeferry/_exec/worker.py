@@ -20,6 +20,10 @@ and a first ``("ready", pid, info)`` or ``("failed", ...)``: the start-up handsh
 thread watches the parent (its pid, and a lifeline pipe for forkserver children, whose
 parent is the fork server): if it dies, the worker exits at once, busy or not, so a
 killed parent leaves no orphan behind.
+
+A worker's stdout is its stderr (``stdout.route_stdout``): ``codeferry run`` writes its
+output to the stdout the workers inherited, and a model that prints must not write into it
+(nor tear its lines). Python-level lines arrive whole, named: ``[codeferry worker 0] ...``.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ if TYPE_CHECKING:
     from .._trust.options import ModelOptions
 
 from .. import _settings
+from .stdout import finish_stdout, route_stdout
 
 __all__ = ["WorkerSpec", "error_payload", "handle", "pack", "remote_error", "unpack_reply",
            "worker_main"]
@@ -321,17 +326,26 @@ def _unpack(blob: Any) -> Any:
 
 def worker_main(spec: WorkerSpec, conn: Connection, parent_pid: int,
                 lifeline: Connection | None = None,
-                inherited: Connection | None = None) -> None:
+                inherited: Connection | None = None, slot: int | None = None) -> None:
     """Entry point of a worker process.
 
     ``lifeline``: see ``_watch_parent``. ``inherited``: the executor's write end of it,
     which a forked worker holds a copy of and must close, or EOF would never come.
+    ``slot``: the worker's number, which names its stdout lines on stderr.
     """
+    route_stdout("codeferry worker" if slot is None else f"codeferry worker {slot}")
     # Ctrl-C reaches the whole process group: the parent decides what stops, and how.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if inherited is not None:
         inherited.close()
     threading.Thread(target=_watch_parent, args=(parent_pid, lifeline), daemon=True).start()
+    try:
+        _serve(spec, conn)
+    finally:
+        finish_stdout()
+
+
+def _serve(spec: WorkerSpec, conn: Connection) -> None:
     try:
         engine = _Engine(spec)
     except BaseException as exc:  # noqa: BLE001 - the handshake carries it to the parent
