@@ -14,6 +14,10 @@ class of transformers'), or ``config.json``'s ``tokenizer_class``, or the class 
 maps the ``model_type`` to. Any one of a class's files, or of the files that carry a
 vocabulary (``tokenizer.model``, ``vocab.json``, ...), is taken as enough; where the class
 cannot be told, the folder passes, and transformers has the last word in the workers.
+
+A class of transformers' with none of its files is refused even where transformers 5 would
+build it: it builds an empty vocabulary (``GPT2Tokenizer`` without ``vocab.json`` and
+``merges.txt`` turns every text into no tokens), which ``run`` would feed to the model.
 """
 
 from __future__ import annotations
