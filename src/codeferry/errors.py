@@ -686,3 +686,36 @@ class HubDownloadError(_HubError, ConnectionError):
     nothing half-written is in the cache: running the same call again downloads what is
     missing.
     """
+
+
+# -- what every worker will need --------------------------------------------------------
+
+
+class ModelFilesMissingError(CodeferryError, FileNotFoundError):
+    """The model's folder lacks files every worker would need: raised in the parent, before
+    any worker starts.
+
+    ``path`` is the folder; ``missing`` names what it lacks (``"weights"``, ``"tokenizer"``);
+    ``files`` the files that would do (one of them is enough).
+    """
+
+    def __init__(
+        self, message: str, *, missing: tuple[str, ...] = (), files: tuple[str, ...] = (),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.missing = missing
+        self.files = files
+
+
+class DoctorCheckError(CodeferryError, RuntimeError):
+    """A check of ``codeferry doctor`` failed in a worker: ``check`` names it (``"generate"``:
+    one token generated the way ``codeferry run`` generates). The worker's own error is the
+    cause (its traceback)."""
+
+    def __init__(self, message: str, *, check: str = "", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.check = check
+
+
+__all__ += ["ModelFilesMissingError", "DoctorCheckError"]

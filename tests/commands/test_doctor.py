@@ -8,9 +8,14 @@ from pathlib import Path
 import pytest
 from _helpers import unique_model
 
-from codeferry._commands.doctor import doctor
+from codeferry._commands.doctor import doctor, render_doctor
 from codeferry.cli import main
-from codeferry.errors import CodeUnavailableError, RemoteCodeExecutionError, RemoteTraceback
+from codeferry.errors import (
+    CodeUnavailableError,
+    DoctorCheckError,
+    RemoteCodeExecutionError,
+    RemoteTraceback,
+)
 
 
 def model(root: Path, **kw: object) -> Path:
@@ -63,3 +68,50 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor", str(path), "--trust-remote-code", "--workers", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] is True and out["workers"][0]["ok"] is True
+
+
+def no_cache_name(root: Path) -> Path:
+    """A model whose config lacks ``num_hidden_layers`` (no ``attribute_map`` to its
+    ``num_layers``): it loads and builds, but transformers' generate needs the name."""
+    path = unique_model(root, "nh", tokenizer=True)
+    configuration = next(path.glob("configuration_*.py"))
+    text = configuration.read_text()
+    line = '    attribute_map = {"num_hidden_layers": "num_layers"}\n'
+    assert line in text
+    configuration.write_text(text.replace(line, ""))
+    return path
+
+
+def test_a_model_that_cannot_generate_fails_the_doctor_as_run_fails(tmp_path: Path) -> None:
+    """``run``'s generate path fails on every input; the doctor, generating one token the same
+    way in each worker, says so instead of ``ok``."""
+    import codeferry
+
+    path = no_cache_name(tmp_path)
+    with codeferry.Executor(path, workers=1, start_method="fork", trust_remote_code=True) as ex:
+        with pytest.raises(Exception, match="num_hidden_layers"):
+            ex.generate(["abc"], max_new_tokens=2)
+    for method in ("spawn", "fork"):
+        report = doctor(str(path), trust_remote_code=True, workers=2, start_method=method)
+        assert not report.ok
+        for worker in report.workers:
+            err = worker.error
+            assert isinstance(err, DoctorCheckError) and err.check == "generate"
+            assert "num_hidden_layers" in str(err) and isinstance(err.__cause__, RemoteTraceback)
+        text = render_doctor(report)
+        assert text.endswith("FAILED\n") and "worker 1  FAILED DoctorCheckError" in text
+        assert "num_hidden_layers" in text
+
+
+def test_the_doctor_generates_a_token_in_each_worker_as_run_does(tmp_path: Path) -> None:
+    path = unique_model(tmp_path, "gt", tokenizer=True)
+    report = doctor(str(path), trust_remote_code=True, workers=2, start_method="fork")
+    assert report.ok, [w.to_json() for w in report.workers]
+    for worker in report.workers:
+        generated = worker.checks["generate"]
+        assert generated["path"] == "batched" and generated["reason"].startswith("cpu:")
+        assert isinstance(generated["text"], str)
+    assert "generated 1 token (batched" in render_doctor(report)
+    # Without a tokenizer there is nothing to generate from: said, and not a failure here.
+    bare = doctor(str(model(tmp_path)), trust_remote_code=True, workers=1, start_method="fork")
+    assert bare.ok and "skipped" in bare.workers[0].checks["generate"]

@@ -3,7 +3,10 @@
 The parent loads the model, builds its config and sends it to N fresh workers of the
 chosen start method (or Ray actors, one per node where it can), exactly as an engine would. Each worker unpickles the config,
 loads every ``auto_map`` class, checks that the config's class is the one its own
-process resolves, and builds each model class from the config (random weights).
+process resolves, and builds each model class from the config (random weights). With the
+causal LM built (the model's own, or transformers' for a plain architecture), each worker
+then generates one token through its engine's generate path, the one ``codeferry run``
+takes, with the model's tokenizer: a model ``run`` cannot generate with fails the doctor.
 
 The config travels as bytes that the worker unpickles itself, inside ``try``: a worker
 that cannot materialize the code reports the typed error with its traceback, instead of
@@ -17,16 +20,18 @@ import pickle
 import queue
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from .._code.lockfile import Lock
 from .._exec.checks import check_main_guard
+from .._exec.files import missing_tokenizer
 from .._exec.plan import prepare
 from .._exec.transport import Event, LocalTransport, Transport
 from .._exec.worker import WorkerSpec
 from .._load import load_pinned
 from .._trust.options import ModelOptions
-from ..errors import CodeferryError, RemoteTraceback, WorkerError
+from ..errors import CodeferryError, DoctorCheckError, RemoteTraceback, WorkerError
 
 __all__ = ["StartMethod", "WorkerReport", "DoctorReport", "doctor"]
 
@@ -90,6 +95,7 @@ def doctor_checks(worker: Any, config_bytes: bytes) -> dict[str, Any]:
     checks: dict[str, Any] = {"config_class_is_loaded_class": type(config) is config_cls,
                               "classes": sorted(classes)}
     built = []
+    causal = None
     for key, cls in sorted(classes.items()):
         if key.startswith("AutoModel") and isinstance(cls, type) and config_cls is not None:
             model_obj = cls(config)
@@ -97,15 +103,45 @@ def doctor_checks(worker: Any, config_bytes: bytes) -> dict[str, Any]:
                 raise TypeError(f"{cls.__name__}.config_class is not the config's class")
             built.append(key)
             if key == "AutoModelForCausalLM":
-                checks["generate_path"] = _generate_path(model_obj)
+                causal = model_obj
     checks["models_built"] = built
-    if "generate_path" not in checks:  # a plain architecture: transformers' own class
+    if causal is None:  # a plain architecture: transformers' own class
         causal = _plain_causal_lm(config)
-        if causal is not None:
-            checks["generate_path"] = _generate_path(causal)
     if config_cls is not None and type(config) is not config_cls:
         raise TypeError("the received config is not an instance of the loaded config class")
+    if causal is not None:
+        checks["generate_path"] = _generate_path(causal)
+        checks["generate"] = _generate_check(worker, causal, config)
+        if "path" in checks["generate"]:  # the path this worker's engine took, not a guess
+            checks["generate_path"]["cpu"] = checks["generate"]["path"]
     return checks
+
+
+#: What the doctor's workers generate from: one token, as ``codeferry run`` would.
+PROMPT = "Hello"
+
+
+def _generate_check(worker: Any, model: Any, config: Any) -> dict[str, Any]:
+    """One token generated in this worker through the engine's own generate path (the one
+    ``codeferry run`` takes: its tokenizer, padding, path choice and options) from the model
+    built here; a failure is a ``DoctorCheckError``, as ``run`` would fail on every input."""
+    spec = worker.spec
+    missing = missing_tokenizer(Path(spec.model), Path(spec.code) if spec.code else None)
+    if missing is not None:
+        return {"skipped": f"the model has no tokenizer ({' or '.join(missing)}), which "
+                           "`codeferry run` needs"}
+    try:
+        worker.load_tokenizer(config)
+        worker.adopt("generate", model)
+        text = worker.generate([PROMPT], {"max_new_tokens": 1})[0]
+    except Exception as exc:
+        raise DoctorCheckError(
+            f"generating one token the way `codeferry run` does failed: "
+            f"{type(exc).__name__}: {exc}", check="generate",
+            fix="the worker's traceback (the cause) shows where; `codeferry run` would fail "
+            "the same way on every input.") from exc
+    path, why = worker.generate_path
+    return {"path": path, "reason": why, "text": text}
 
 
 def _plain_causal_lm(config: Any) -> Any:
@@ -120,7 +156,8 @@ def _plain_causal_lm(config: Any) -> Any:
 
 def _generate_path(model: Any) -> dict[str, str]:
     """Whether continuous batching works for this architecture (a greedy probe on the
-    random weights), and the path an executor worker takes on CPU and on an accelerator."""
+    random weights): the path an executor worker takes on an accelerator. (On CPU it is
+    the one the generate check took.)"""
     from .._exec.generation import choose_path
 
     path, reason = choose_path(model.eval(), "continuous", "cpu", None)
@@ -236,6 +273,12 @@ def render_doctor(report: DoctorReport) -> str:
             if gen:
                 lines.append(f"    generate: {gen['cpu']} on cpu, {gen['accelerator']} on an "
                              f"accelerator ({gen['reason']})")
+            done = w.checks.get("generate") or {}
+            if "skipped" in done:
+                lines.append(f"    generate: not tried: {done['skipped']}")
+            elif done:
+                lines.append(f"    generated 1 token ({done['path']}: {done['reason']}): "
+                             f"{done['text']!r}")
         else:
             err = w.error
             kind = type(err).__name__

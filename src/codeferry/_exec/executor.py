@@ -96,8 +96,9 @@ class Executor:
     per actor (``num_cpus``, ``num_gpus``, ``resources``); see ``_ray``. The methods and
     guarantees are the same.
 
-    The ``concurrent.futures`` shape: ``submit``, ``map``, ``shutdown``, ``with``. Any
-    number of threads and open iterators may use one executor at once.
+    The ``concurrent.futures`` shape: ``submit``, ``map``, ``shutdown``, ``with``; leaving
+    ``with`` waits for what was submitted (``shutdown(wait=True)``), unless a Ctrl-C leaves
+    it. Any number of threads and open iterators may use one executor at once.
     """
 
     def __init__(
@@ -202,8 +203,14 @@ class Executor:
     def __enter__(self) -> Executor:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        """As ``concurrent.futures``: ``shutdown(wait=True)``, so what was submitted in the
+        block completes, an error leaving it or not. But a ``KeyboardInterrupt`` or
+        ``SystemExit`` leaving it stops now (``close``): a Ctrl-C does not wait for the rest."""
+        if kind is not None and not issubclass(kind, Exception):
+            self.close()
+        else:
+            self.shutdown(wait=True)
 
     def __del__(self) -> None:
         # At interpreter shutdown the modules close() needs may already be gone.

@@ -2,7 +2,8 @@
 
 Before any worker starts, the parent resolves the model's code (at the code revision),
 finds its config and weights (at the revision), checks that the classes the tasks need can
-load, makes the trust decision and checks the device. ``run`` used to do all of that, then
+load, makes the trust decision, checks the device, and that the folder has the weights and
+tokenizer files every worker will read (``_files``). ``run`` used to do all of that, then
 hand the model's name to ``Executor``, which did it again; ``doctor`` did it a third way.
 Two copies of a decision can disagree (a file changed in between, a trust rule applied in
 one place only), so now ``prepare`` makes the one ``Plan`` and ``run``, ``doctor``,
@@ -22,6 +23,7 @@ from .._code.source import ModelOrigin
 from .._trust.decide import Decision, code_changed
 from .._trust.options import ModelOptions
 from .checks import check_device, dtype_name
+from .files import check_model_files
 
 __all__ = ["Plan", "needed_classes", "prepare"]
 
@@ -81,7 +83,9 @@ def prepare(
     ``CodeChangedError``). ``demo``: the bundled demo is trusted without a flag (the command
     line's rule). ``local_device``: the device is this machine's (not a Ray actor's, which
     checks its own node). ``need``: ``"code"`` for a caller that builds configs only (the
-    doctor), so a repo's weights are not downloaded for it.
+    doctor), so a repo's weights are not downloaded for it. With ``need="model"`` the
+    folder must hold what every worker will read: weights for ``tasks`` that build a model,
+    and the tokenizer's files (``ModelFilesMissingError`` otherwise, before any worker).
     """
     dtype = dtype_name(dtype)  # the cheap checks first, before anything is downloaded
     if local_device:
@@ -93,4 +97,6 @@ def prepare(
     if need == "model":
         bundle.check_classes(needed_classes(tasks))  # another class's problem is no matter
     decision = options.decide(bundle, demo=demo)
+    if need == "model":
+        check_model_files(weights.root, tasks, code=bundle.origin.root)
     return Plan(os.fspath(model), options, bundle, weights, decision, device, dtype, tuple(tasks))

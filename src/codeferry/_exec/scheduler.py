@@ -314,7 +314,7 @@ class Scheduler:
             self._startup_error = failure  # the constructor raises it
             return
         slot.failures += 1
-        if slot.failures <= self.max_retries and not self._stopping:
+        if slot.failures <= self.max_retries and self._wanted():
             logger.warning("codeferry: worker %d failed to start (%s); trying again", index,
                            failure)
             self._restart(slot)
@@ -375,8 +375,13 @@ class Scheduler:
                                     worker=index)
             error.__cause__ = cause
             self._retry_or_fail(batch, error, final=batch.slot is not None)
-        if not self._stopping:
+        if self._wanted():
             self._restart(slot)
+
+    def _wanted(self) -> bool:
+        """Whether a worker that died, or failed to start, is replaced: always, but while
+        shutting down with nothing left to run (a shutdown that waits still runs the rest)."""
+        return not self._stopping or not self._idle()
 
     def _restart(self, slot: _Slot) -> None:
         index = self._slots.index(slot)

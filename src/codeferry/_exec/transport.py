@@ -107,13 +107,13 @@ class LocalTransport:
         if self.warm:
             from .zygote import shared_zygote
 
-            forked, conn = shared_zygote().fork(spec)
+            forked, conn = shared_zygote().fork(spec, slot)
             return _LocalChannel(slot, forked, conn, post)
         parent_end, child_end = self._ctx.Pipe()
         inherited = self._lifeline_end if self._ctx.get_start_method() == "fork" else None
         proc = self._ctx.Process(
             target=worker_main,
-            args=(spec, child_end, os.getpid(), self._lifeline, inherited),
+            args=(spec, child_end, os.getpid(), self._lifeline, inherited, slot),
             name=f"codeferry-worker-{slot}", daemon=True,
         )
         proc.start()

@@ -20,6 +20,10 @@ and a first ``("ready", pid, info)`` or ``("failed", ...)``: the start-up handsh
 thread watches the parent (its pid, and a lifeline pipe for forkserver children, whose
 parent is the fork server): if it dies, the worker exits at once, busy or not, so a
 killed parent leaves no orphan behind.
+
+A worker's stdout is its stderr (``stdout.route_stdout``): ``codeferry run`` writes its
+output to the stdout the workers inherited, and a model that prints must not write into it
+(nor tear its lines). Python-level lines arrive whole, named: ``[codeferry worker 0] ...``.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ if TYPE_CHECKING:
     from .._trust.options import ModelOptions
 
 from .. import _settings
+from .stdout import finish_stdout, route_stdout
 
 __all__ = ["WorkerSpec", "error_payload", "handle", "pack", "remote_error", "unpack_reply",
            "worker_main"]
@@ -158,7 +163,6 @@ class _Engine:
 
     def __init__(self, spec: WorkerSpec) -> None:
         import torch
-        from transformers import AutoTokenizer
         from transformers.utils import logging as hf_logging
 
         from .._load import load_pinned, load_with
@@ -170,6 +174,10 @@ class _Engine:
         self._accepted: dict[int, tuple[set[str], bool]] = {}
         #: (path, why) once the generate model is built: see ``_generation.choose_path``.
         self.generate_path: tuple[str, str] | None = None
+        #: ``config=`` for ``from_pretrained`` when the code is another revision's: ``model``'s
+        #: config built by the loaded config class, so that transformers neither reads the
+        #: code of ``model``'s own revision nor asks which config class owns its model_type.
+        self._with_config: dict[str, Any] = {}
         code, options = spec.code or spec.model, spec.options
         if not spec.serve:
             # ``codeferry doctor``: the code arrives with the config, by ticket, first; a
@@ -181,21 +189,26 @@ class _Engine:
             self.classes = load_with(code, options)
         else:
             self.classes = load_pinned(code, spec.digest, options)
-        #: ``config=`` for ``from_pretrained`` when the code is another revision's: ``model``'s
-        #: config built by the loaded config class, so that transformers neither reads the
-        #: code of ``model``'s own revision nor asks which config class owns its model_type.
-        self._with_config: dict[str, Any] = {}
         config_class: Any = self.classes.get("AutoConfig")
         if spec.code not in (None, spec.model) and config_class is not None:
             self._with_config["config"] = config_class.from_pretrained(spec.model)
-        self.tokenizer = AutoTokenizer.from_pretrained(spec.model, revision=options.revision,
-                                                       **self._with_config)
+        self.load_tokenizer()
+        for kind in spec.preload:
+            self.model_for(kind)
+
+    def load_tokenizer(self, config: Any = None) -> None:
+        """``AutoTokenizer`` of the model's folder, with a pad token (batches are padded).
+        ``config``: the model's config, built by the loaded code (the doctor has it)."""
+        from transformers import AutoTokenizer
+
+        if config is not None and self.spec.code not in (None, self.spec.model):
+            self._with_config["config"] = config
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            self.spec.model, revision=self.spec.options.revision, **self._with_config)
         if self.tokenizer.pad_token is None:
             fallback = self.tokenizer.eos_token or self.tokenizer.unk_token
             if fallback is not None:
                 self.tokenizer.pad_token = fallback
-        for kind in spec.preload:
-            self.model_for(kind)
 
     def model_for(self, kind: str) -> Any:
         import torch
@@ -208,15 +221,22 @@ class _Engine:
             raise failed[key]
         if key not in self.models:
             dtype = getattr(torch, self.spec.dtype) if self.spec.dtype else None
-            model: Any = auto.from_pretrained(self.spec.model, revision=self.spec.options.revision,
-                                              dtype=dtype, **self._with_config)
-            self.models[key] = model.to(self.spec.device).eval()
-            if kind == "generate":
-                from .generation import choose_path
-
-                self.generate_path = choose_path(self.models[key], self.spec.generate_path,
-                                                 self.spec.device, self.tokenizer.pad_token_id)
+            self.adopt(kind, auto.from_pretrained(self.spec.model,
+                                                  revision=self.spec.options.revision,
+                                                  dtype=dtype, **self._with_config))
         return self.models[key]
+
+    def adopt(self, kind: str, model: Any) -> None:
+        """Serve ``kind`` with ``model`` (built by ``model_for``, or by the doctor from the
+        config): on the device, in eval mode; for ``generate`` the path it takes
+        (``generation.choose_path``, which needs the tokenizer's pad token)."""
+        key = "AutoModel" if kind == "embed" else "AutoModelForCausalLM"
+        self.models[key] = model.to(self.spec.device).eval()
+        if kind == "generate":
+            from .generation import choose_path
+
+            self.generate_path = choose_path(self.models[key], self.spec.generate_path,
+                                             self.spec.device, self.tokenizer.pad_token_id)
 
     def info(self) -> dict[str, Any]:
         """What the ready message tells the parent: classes, and how ``generate`` runs."""
@@ -321,17 +341,26 @@ def _unpack(blob: Any) -> Any:
 
 def worker_main(spec: WorkerSpec, conn: Connection, parent_pid: int,
                 lifeline: Connection | None = None,
-                inherited: Connection | None = None) -> None:
+                inherited: Connection | None = None, slot: int | None = None) -> None:
     """Entry point of a worker process.
 
     ``lifeline``: see ``_watch_parent``. ``inherited``: the executor's write end of it,
     which a forked worker holds a copy of and must close, or EOF would never come.
+    ``slot``: the worker's number, which names its stdout lines on stderr.
     """
+    route_stdout("codeferry worker" if slot is None else f"codeferry worker {slot}")
     # Ctrl-C reaches the whole process group: the parent decides what stops, and how.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if inherited is not None:
         inherited.close()
     threading.Thread(target=_watch_parent, args=(parent_pid, lifeline), daemon=True).start()
+    try:
+        _serve(spec, conn)
+    finally:
+        finish_stdout()
+
+
+def _serve(spec: WorkerSpec, conn: Connection) -> None:
     try:
         engine = _Engine(spec)
     except BaseException as exc:  # noqa: BLE001 - the handshake carries it to the parent

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
+from .stdout import route_stdout
 from .worker import WorkerSpec, worker_main
 
 __all__ = ["Zygote", "shared_zygote"]
@@ -66,6 +67,7 @@ def _warm(preload: Sequence[str]) -> None:
 
 
 def _zygote_main(conn: Connection, preload: Sequence[str], parent_pid: int) -> None:
+    route_stdout("codeferry zygote")  # its stdout is its parent's: maybe `run`'s output
     _warm(preload)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps our children
     conn.send(("ready", os.getpid()))
@@ -87,14 +89,14 @@ def _zygote_main(conn: Connection, preload: Sequence[str], parent_pid: int) -> N
                            if n.startswith(("codeferry._dyn.", "transformers_modules")))
             conn.send(("remote-modules", names))
             continue
-        _, spec, address, authkey = request
+        _, spec, address, authkey, slot = request
         pid = os.fork()
         if pid == 0:  # the worker
             try:
                 conn.close()
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 worker_conn = Client(address, family="AF_UNIX", authkey=authkey)
-                worker_main(spec, worker_conn, os.getppid())
+                worker_main(spec, worker_conn, os.getppid(), slot=slot)
             finally:
                 os._exit(0)
         conn.send(("forked", pid))
@@ -154,10 +156,11 @@ class Zygote:
         if message[0] != "ready":
             raise RuntimeError(f"the codeferry zygote failed to start: {message!r}")
 
-    def fork(self, spec: WorkerSpec) -> tuple[ForkedProcess, Connection]:
-        """A new worker forked from the zygote, and the executor's end of its connection."""
+    def fork(self, spec: WorkerSpec, slot: int | None = None) -> tuple[ForkedProcess, Connection]:
+        """A new worker forked from the zygote, and the executor's end of its connection;
+        ``slot`` names the worker's stdout lines."""
         with self._lock:
-            self._conn.send(("fork", spec, self._address, self._authkey))
+            self._conn.send(("fork", spec, self._address, self._authkey, slot))
             conn = self._listener.accept()
             _, pid = self._conn.recv()
         return ForkedProcess(pid, conn), conn
