@@ -320,6 +320,13 @@ class RayTransport:
     def __init__(self, plan: Plan, *, address: str | None = None,
                  resources: dict[str, Any] | None = None) -> None:
         ray = ray_module()
+        try:
+            import cloudpickle  # noqa: F401 - ``pack`` needs it: said now, not mid-run
+        except ImportError as exc:
+            raise ExtraMissingError(
+                "backend='ray' pickles requests with cloudpickle, which is not installed.",
+                extra="ray", fix="pip install 'codeferry[ray]' (it brings cloudpickle).",
+            ) from exc
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
             ray.init(address=address or _settings.ray_address() or None,
