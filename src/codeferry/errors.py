@@ -72,6 +72,7 @@ __all__ = [
     "HubRevisionNotFoundError",
     "GatedRepoError",
     "HubDownloadError",
+    "ClusterUnreachableError",
 ]
 
 
@@ -624,3 +625,16 @@ class HubDownloadError(_HubError, ConnectionError):
     nothing half-written is in the cache: running the same call again downloads what is
     missing.
     """
+
+
+# -- joining a Ray cluster ------------------------------------------------------------
+
+
+class ClusterUnreachableError(ClusterError):
+    """Nothing answers at the Ray cluster address given (``address=``, ``--address`` or
+    ``RAY_ADDRESS``) within a few seconds; ``address`` is the address tried, and the socket
+    error of the last try is the cause."""
+
+    def __init__(self, message: str, *, address: str | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.address = address
