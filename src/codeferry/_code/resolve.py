@@ -230,10 +230,13 @@ def _walk(
         walker = Walker(origin, cache, token, local_files_only)
         for ref in refs:
             walker.add_class(ref)
-        gaps = [] if last else [(where, files) for repo, where, files in walker.snapshot_gaps()
+        gaps = [] if last else [(repo, where, files)
+                                for repo, where, files in walker.snapshot_gaps()
                                 if repo is not None or not folder]
+        # another repo's unit is its code only, whatever the model needs
         fetched = [_hub.complete(where, files, token=token, local_files_only=local_files_only,
-                                 need=fetch) for where, files in gaps]
+                                 need=fetch if repo is None else "code")
+                   for repo, where, files in gaps]
         if not any(fetched):
             break
     return origin, refs, walker
