@@ -222,6 +222,10 @@ def load_with(
     loaded: dict[ClassRef, Any] = {}
     with _lock:
         registrations = {repo: _loader.register(unit) for repo, unit in units.items()}
+        for registration in registrations.values():
+            # The private copies now, before any code runs: a temporary folder that is not
+            # safe for them is refused as itself (StorePermissionError), not as a failed import.
+            registration.verified_dir()
         broken: dict[str, CodeferryError] = {}  # module -> why it cannot execute
         for ref in sorted(refs, key=lambda r: r is not config_ref):  # the config first
             key = class_key(ref.declared_in, ref.key)

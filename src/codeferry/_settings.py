@@ -96,7 +96,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         ("TMPDIR",),
         "the system's temporary folder",
-        "where each process keeps its private, read-only copy of the checked code and assets (`codeferry-private-<pid>-*/`, removed at exit)",
+        "where each process keeps its private, read-only copy of the checked code and assets (`codeferry-private-<pid>-*/`, removed at exit); refused (`StorePermissionError`) when another user owns it or can write it or a folder above it without the sticky bit",
     ),
     Setting(
         ("CUDA_VISIBLE_DEVICES",),

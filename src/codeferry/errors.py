@@ -77,6 +77,7 @@ __all__ = [
     "InputChangedError",
     "ResumeUncheckedError",
     "OutputHeldError",
+    "ClusterUnreachableError",
 ]
 
 
@@ -719,3 +720,16 @@ class DoctorCheckError(CodeferryError, RuntimeError):
 
 
 __all__ += ["ModelFilesMissingError", "DoctorCheckError"]
+
+
+# -- joining a Ray cluster ------------------------------------------------------------
+
+
+class ClusterUnreachableError(ClusterError):
+    """Nothing answers at the Ray cluster address given (``address=``, ``--address`` or
+    ``RAY_ADDRESS``) within a few seconds; ``address`` is the address tried, and the socket
+    error of the last try is the cause."""
+
+    def __init__(self, message: str, *, address: str | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.address = address

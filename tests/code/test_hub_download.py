@@ -244,3 +244,86 @@ def test_the_command_line_passes_the_token_in_a_fresh_process(hub: FakeHub, tmp_
     done = cli_run("--token", TOKEN)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["classes"]
+
+
+# -- a snapshot only partly there --------------------------------------------------------------
+
+PARTED = "acme/parted"
+
+
+@pytest.fixture
+def parted(hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """A sub-package model on the Hub, cached as plain transformers leaves it when it fails on
+    it: config.json and the two modules the auto_map names, fetched file by file (no file
+    list), without the helpers (layers.py, utils/). Returns (the snapshot, the model's folder)."""
+    from huggingface_hub import constants, hf_hub_download
+
+    folder = write_model(tmp_path / "served-parted",
+                         ModelSpec(name="parted", helpers=("flat", "subpackage")))
+    sha = add_commit(hub.repos, PARTED, _files(folder), "main")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # read at import: offline
+    for name in ("config.json", "configuration_parted.py", "modeling_parted.py"):
+        hf_hub_download(PARTED, name, cache_dir=tmp_path / "hub", endpoint=hub.url)
+    snapshot = _snapshot(tmp_path, PARTED, sha)
+    assert not (snapshot / "layers.py").exists() and not (snapshot / "utils").exists()
+    assert not (snapshot.parents[1] / "trees").exists()  # nothing says what the repo holds
+    hub.requests.clear()
+    return snapshot, folder
+
+
+def test_a_snapshot_that_lacks_files_its_code_imports_is_completed_online(
+    hub: FakeHub, parted: tuple[Path, Path]
+) -> None:
+    snapshot, folder = parted
+    bundle = codeferry.resolve(PARTED)
+    assert [type(p).__name__ for p in bundle.problems if p.blocking] == []
+    assert bundle.digest == codeferry.resolve(folder).digest
+    assert (snapshot / "layers.py").is_file() and (snapshot / "utils" / "rope.py").is_file()
+    assert hub.seen("GET", "/layers.py") and hub.seen("GET", "/utils/rope.py")
+    assert hub.seen(suffix=WEIGHTS) == []  # the code's files only, as for any inspect
+    before = len(hub.requests)
+    assert codeferry.resolve(PARTED).digest == bundle.digest  # complete now: no request
+    assert len(hub.requests) == before
+    classes = codeferry.load(PARTED, trust_remote_code=True)  # the weights too, and it runs
+    model = classes["AutoModelForCausalLM"].from_pretrained(str(snapshot))
+    assert type(model).__name__ == "PartedForCausalLM"
+
+
+def test_offline_a_partial_snapshot_names_each_missing_file_and_the_command(
+    hub: FakeHub, parted: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    snapshot, _ = parted
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelNotCachedError) as info:
+        codeferry.resolve(PARTED)
+    err = info.value
+    assert err.missing == ("layers.py", "utils/rope.py") and err.repo_id == PARTED
+    command = f"hf download {PARTED} layers.py utils/rope.py --revision {snapshot.name}"
+    assert command in str(err) and "HF_HUB_OFFLINE" in str(err)
+    assert "to the model folder" not in str(err)
+    assert cli.main(["inspect", PARTED]) == 2
+    assert command in capsys.readouterr().err
+    assert hub.requests == []
+
+
+def test_a_repo_id_is_found_in_a_cache_named_only_by_huggingface_hub_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """HUGGINGFACE_HUB_CACHE, the older name huggingface_hub still honours, and nothing else."""
+    from codeferry.testing import write_hub_model
+
+    cache = tmp_path / "old-name"
+    snapshot = write_hub_model(cache, "acme/oldname", ModelSpec(name="oldname"))
+    for name in ("HF_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the default cache is empty
+    monkeypatch.setenv("HUGGINGFACE_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    bundle = codeferry.resolve("acme/oldname")
+    assert bundle.origin.root == snapshot and bundle.origin.repo_id == "acme/oldname"
+    assert cli.main(["inspect", "acme/oldname", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["classes"]
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "new-name"))  # the newer name wins
+    with pytest.raises(ModelNotCachedError):
+        codeferry.resolve("acme/oldname")

@@ -66,10 +66,10 @@ def test_no_flock_is_a_warning(tmp_path: Path) -> None:
         "import sys, warnings\n"
         "sys.modules['fcntl'] = None  # this interpreter has no fcntl, as on Windows\n"
         "from pathlib import Path\n"
-        "from codeferry._runtime import loader as _loader\n"
+        "from codeferry._runtime import private as _private\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    warnings.simplefilter('always')\n"
-        f"    _loader._hold_alive(Path({str(tmp_path)!r}))\n"
+        f"    _private._hold_alive(Path({str(tmp_path)!r}))\n"
         "print([(w.category.__name__, str(w.message)) for w in caught])\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

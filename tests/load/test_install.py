@@ -230,7 +230,7 @@ def test_uninstall_gives_back_every_function_codeferry_patched(tmp_path: Path) -
     codeferry.load(write_model(tmp_path / "m", ModelSpec(name="patched")), trust_remote_code=True)
     codeferry.install()
     assert all(patches.patched(owner, name) for owner, name in places)
-    assert all(vars(owner)[name] is not o for (owner, name), o in zip(places, originals))
+    assert all(vars(owner)[name] is not o for (owner, name), o in zip(places, originals, strict=True))
     codeferry.uninstall()
     assert [vars(owner)[name] for owner, name in places] == originals
     assert not any(patches.patched(owner, name) for owner, name in places)

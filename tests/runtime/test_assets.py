@@ -30,8 +30,8 @@ from codeferry import errors
 from codeferry._code.digest import unit_digest
 from codeferry._code.lockfile import Lock
 from codeferry._code.source import MAX_ASSET_BYTES
-from codeferry._runtime import loader as _loader
 from codeferry._runtime import pickling as _pickling
+from codeferry._runtime import private as _private
 from codeferry._runtime.store import Unit
 from codeferry.testing import ModelSpec, write_hub_model, write_model
 
@@ -191,15 +191,15 @@ def test_autotokenizer_of_a_hub_repo_id_reads_the_checked_vocab(
 
 
 def test_private_copies_of_killed_processes_are_swept(tmp_path: Path) -> None:
-    ours = _loader._private_root()
+    ours = _private._private_root()
     script = (
         "import os, signal, sys\n"
-        "from codeferry._runtime import loader as _loader\n"
+        "from codeferry._runtime import private as _private\n"
         "from codeferry._code.digest import unit_digest\n"
         "from codeferry._runtime.store import Unit\n"
         "files = {'m.py': b'X = 1\\n'}\n"
         "unit = Unit(unit_digest(files), files, ('m',), frozenset(), 'swept')\n"
-        "print(_loader.verified_dir(unit), flush=True)\n"
+        "print(_private.verified_dir(unit), flush=True)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -207,20 +207,20 @@ def test_private_copies_of_killed_processes_are_swept(tmp_path: Path) -> None:
     assert done.returncode == -9, done.stderr
     left = Path(done.stdout.strip()).parent
     assert left.is_dir()  # a killed process cannot clean up
-    _loader._sweep_private()
+    _private._sweep_private()
     assert not left.exists()
-    assert ours.is_dir() and ours == _loader._private_root()  # a live process's copy stays
+    assert ours.is_dir() and ours == _private._private_root()  # a live process's copy stays
 
 
 def test_a_forked_child_never_removes_its_parents_copy_and_the_parent_does() -> None:
     script = (
         "import os, sys\n"
-        "from codeferry._runtime import loader as _loader\n"
+        "from codeferry._runtime import private as _private\n"
         "from codeferry._code.digest import unit_digest\n"
         "from codeferry._runtime.store import Unit\n"
         "files = {'m.py': b'X = 2\\n'}\n"
         "unit = Unit(unit_digest(files), files, ('m',), frozenset(), 'forked')\n"
-        "folder = _loader.verified_dir(unit)\n"
+        "folder = _private.verified_dir(unit)\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
         "    sys.exit(0)  # runs atexit, as a child that returns normally does\n"
@@ -239,11 +239,11 @@ def test_private_copy_of_a_unit_deeper_than_the_recursion_limit() -> None:
     rel = "/".join(["d"] * (sys.getrecursionlimit() + 100)) + "/m.py"
     files = {rel: b"X = 1\n"}
     unit = Unit(unit_digest(files), files, (), frozenset(), "deep")
-    folder = _loader.verified_dir(unit)
+    folder = _private.verified_dir(unit)
     assert (folder / rel).read_bytes() == files[rel]
     assert stat.S_IMODE((folder / rel).parent.stat().st_mode) == 0o500
-    del _loader._private[unit.token]
-    _loader._remove_tree(folder)
+    del _private._private[unit.token]
+    _private._remove_tree(folder)
     assert not folder.exists()
 
 
@@ -327,19 +327,19 @@ def test_private_copies_of_processes_starting_together_are_never_swept(children:
     window = 60 * children // 150  # seconds the sweepers sweep (they stop when the makers end)
     sweeper = (
         "import time\n"
-        "from codeferry._runtime import loader as _loader\n"
+        "from codeferry._runtime import private as _private\n"
         f"end = time.monotonic() + {window}\n"
         "while time.monotonic() < end:\n"
-        "    _loader._sweep_private()\n"
+        "    _private._sweep_private()\n"
     )
     maker = (
         "import os\n"
-        "from codeferry._runtime import loader as _loader\n"
+        "from codeferry._runtime import private as _private\n"
         "lost = 0\n"
         f"for _ in range({children}):\n"
         "    pid = os.fork()\n"
         "    if pid == 0:\n"
-        "        root = _loader._private_root()\n"
+        "        root = _private._private_root()\n"
         "        os._exit(0 if (root / '.alive').is_file() else 1)\n"
         "    lost += os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0\n"
         "print(lost)\n"

@@ -7,11 +7,13 @@ root) whose writes run in a subprocess under its own uid; the victim is this pro
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -44,7 +46,7 @@ class Attacker:
     uid: int
     gid: int
 
-    def run(self, script: str) -> None:
+    def run(self, script: str, *, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run ``script`` with /bin/sh as the attacker (no root, no supplementary groups)."""
 
         def drop() -> None:
@@ -54,7 +56,8 @@ class Attacker:
 
         done = subprocess.run(["/bin/sh", "-ec", script], preexec_fn=drop, cwd="/",
                               capture_output=True, text=True, timeout=30)
-        assert done.returncode == 0, f"the attacker's script failed: {done.stderr}"
+        assert done.returncode == 0 or not check, f"the attacker's script failed: {done.stderr}"
+        return done
 
 
 @pytest.fixture(scope="module")
@@ -293,6 +296,158 @@ def test_entry_file_made_writable_by_others_is_refused(
         read_unit(unit.digest, root)
     _assert_refused(info.value, target)
     assert info.value.mode == 0o666
+
+
+# -- private copies ----------------------------------------------------------------------------
+
+#: A process that loads a tokenizer model with TMPDIR in the shared folder, says where its
+#: private copy is, waits, then reads the vocabulary through transformers as any caller does.
+VICTIM = r"""
+import glob, json, os, sys
+from pathlib import Path
+import codeferry
+from codeferry.errors import StorePermissionError
+model = sys.argv[1]
+try:
+    codeferry.load(model, trust_remote_code=True)
+except StorePermissionError as exc:
+    print("REFUSED", json.dumps({"path": exc.path, "text": str(exc)}), flush=True)
+    sys.exit(0)
+(folder,) = glob.glob(os.path.join(os.environ["TMPDIR"], f"codeferry-private-{os.getpid()}-*"))
+units = [p.name for p in Path(folder).iterdir() if (p / "vocab.json").is_file()]
+print("READY", json.dumps({"folder": folder, "units": units}), flush=True)
+sys.stdin.readline()
+from transformers import AutoTokenizer
+print("VOCAB", json.dumps(AutoTokenizer.from_pretrained(model).get_vocab()), flush=True)
+"""
+
+
+def _readable(folder: Path) -> None:
+    for where, _, files in os.walk(folder):
+        os.chmod(where, 0o755)
+        for name in files:
+            os.chmod(Path(where) / name, 0o644)
+
+
+def _child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, **extra)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777], ids=["not-sticky", "sticky"])
+def test_private_copy_only_where_no_other_user_can_swap_it(
+    attacker: Attacker, shared: Path, tmp_path: Path, mode: int
+) -> None:
+    """TMPDIR in a folder every user can write: without the sticky bit another user can
+    rename a root process's private copy away and put a copy of theirs under its name, whose
+    vocab.json the tokenizer would read, and whose files the clean-up at exit would delete.
+    Such a folder is refused before anything is written; with the sticky bit (/tmp) it is
+    fine, and the rename fails."""
+    from codeferry.testing import ModelSpec, write_model
+
+    shared.chmod(mode)
+    model = write_model(shared / "model", ModelSpec(name=f"swap{mode:o}", tokenizer=True))
+    _readable(model)
+    checked = json.loads((model / "vocab.json").read_text(encoding="utf-8"))
+    swapped = {token: len(checked) - 1 - index for token, index in checked.items()}
+    planted = shared / "planted.json"
+    planted.write_text(json.dumps(swapped), encoding="utf-8")
+    planted.chmod(0o644)
+    with open(tmp_path / "victim.err", "w") as err:
+        victim = subprocess.Popen([sys.executable, "-c", VICTIM, str(model)], text=True,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                  env=_child_env(TMPDIR=str(shared)))
+    try:
+        assert victim.stdout is not None and victim.stdin is not None
+        kind, _, data = victim.stdout.readline().partition(" ")
+        assert kind in ("READY", "REFUSED"), (tmp_path / "victim.err").read_text()[-3000:]
+        if mode == 0o1777 or kind == "READY":
+            info = json.loads(data)
+            folder = Path(info["folder"])
+            assert info["units"], "the private copy holds no vocab.json"
+            swap = attacker.run(
+                f"mv {folder} {folder}.gone && mkdir {folder}" + "".join(
+                    f" && mkdir {folder}/{u} && cp -r {model}/. {folder}/{u}/"
+                    f" && cp {planted} {folder}/{u}/vocab.json" for u in info["units"]),
+                check=False)
+            planted_files = len(list(folder.rglob("*"))) if swap.returncode == 0 else 0
+            victim.stdin.write("go\n")
+            victim.stdin.flush()
+            read = json.loads(victim.stdout.readline().partition(" ")[2])
+            assert victim.wait(120) == 0
+            theirs = sorted(p.name for p in folder.rglob("*")) if swap.returncode == 0 else []
+            assert read == checked and mode == 0o1777, (
+                f"the victim read the {'planted' if read == swapped else 'checked'} "
+                f"vocab.json; its clean-up at exit left {len(theirs)} of the {planted_files} "
+                "files the attacker put in the folder it put in its place")
+            assert swap.returncode != 0  # sticky: nobody moves what is not theirs
+            assert not folder.exists()  # and the victim removed its own copy at exit
+            return
+        refused = json.loads(data)
+        assert refused["path"] == str(shared)
+        assert "TMPDIR" in refused["text"] and "sticky" in refused["text"]
+        assert victim.wait(120) == 0
+        assert list(shared.glob("codeferry-private-*")) == []  # nothing written there
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+#: Makes its private copy in TMPDIR, prints the copy's folder, exits when told.
+MAKER = r"""
+import sys
+from codeferry._code.digest import unit_digest
+from codeferry._runtime import loader
+from codeferry._runtime.store import Unit
+files = {"m.py": b"X = 1\n", "sub/t.json": b"{}"}
+unit = Unit(unit_digest(files), files, ("m",), frozenset(), "cleaned")
+print(loader.verified_dir(unit).parent, flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.parametrize("swap", ["link", "their-folder"])
+def test_clean_up_at_exit_never_follows_what_was_put_in_place_of_the_copy(
+    attacker: Attacker, tmp_path: Path, swap: str
+) -> None:
+    """The process's folder renamed away and, under its name, a link to a folder of files
+    or a folder of another user's: the clean-up at exit removes neither those files nor
+    theirs (it opens its folder without following a link, and checks it is the one it made)."""
+    temp = tmp_path / "temp"
+    temp.mkdir(mode=0o700)
+    precious = tmp_path / "precious"
+    (precious / "inner").mkdir(parents=True)
+    (precious / "keep.txt").write_text("keep")
+    (precious / "inner" / "keep.txt").write_text("keep")
+    precious.chmod(0o755)
+    maker = subprocess.Popen([sys.executable, "-c", MAKER], text=True, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, env=_child_env(TMPDIR=str(temp)))
+    try:
+        assert maker.stdout is not None and maker.stdin is not None
+        folder = Path(maker.stdout.readline().strip())
+        assert folder.parent == temp, folder
+        folder.rename(folder.parent / "moved-away")
+        if swap == "link":
+            folder.symlink_to(precious)
+            kept = precious
+        else:
+            shutil.copytree(precious, folder)
+            for where, _, files in os.walk(folder):
+                os.chown(where, attacker.uid, attacker.gid)
+                for name in files:
+                    os.chown(Path(where) / name, attacker.uid, attacker.gid)
+            kept = folder
+        modes = {p: stat.S_IMODE(os.lstat(p).st_mode) for p in [kept, *kept.rglob("*")]}
+        maker.stdin.write("exit\n")
+        maker.stdin.flush()
+        assert maker.wait(120) == 0
+        after = {p: stat.S_IMODE(os.lstat(p).st_mode) for p in [kept, *kept.rglob("*")]
+                 if os.path.lexists(p)}
+        assert after == modes, "the clean-up removed or changed files that were not its own"
+    finally:
+        maker.kill()
+        maker.wait()
 
 
 # -- messages ----------------------------------------------------------------------------------

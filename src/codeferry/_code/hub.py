@@ -21,8 +21,10 @@ What each need fetches:
 Complete means: huggingface_hub (1.26 and later) keeps each commit's file list in
 ``models--org--name/trees/<commit>.json`` once it has listed the repo. A snapshot that lacks
 a needed file of that list was fetched for its code only, or cut short, and is completed (or,
-offline, refused). A snapshot without a list (written by another tool, or an older
-huggingface_hub) is taken as it is, as codeferry always did.
+offline, refused). A snapshot without a list (written by another tool, an older
+huggingface_hub, or plain transformers, which fetches file by file) is taken as it is, until
+its code imports at load a file it lacks: ``resolve`` then has it completed (``complete``),
+or, offline, refused with each missing file and the ``hf download`` command that fetches it.
 
 A download cut short leaves nothing half-written in a snapshot: huggingface_hub writes each
 file to a temporary file unique to its process (``blobs/<etag>.<id>.incomplete``), removes it
@@ -59,7 +61,7 @@ from ..errors import (
 from . import source as _source
 from .source import MAX_ASSET_BYTES, WEIGHT_SUFFIXES, ModelOrigin
 
-__all__ = ["Need", "locate"]
+__all__ = ["Need", "complete", "locate"]
 
 Need = Literal["code", "model"]
 
@@ -100,9 +102,31 @@ def locate(
             return origin
     reason = _settings.offline_reason(local_files_only)
     if reason is not None:
-        raise _not_cached(repo_id, revision, reason, absent, missing)
+        raise _not_cached(repo_id, revision, reason, absent, missing,
+                          commit=None if absent else origin.commit)
     _download(repo_id, revision, cache, token, need)
     return _source.locate_repo(repo_id, revision=revision, cache_dir=cache)
+
+
+def complete(
+    origin: ModelOrigin, files: tuple[str, ...], *, token: str | bool | None = None,
+    local_files_only: bool | None = None, need: Need = "code",
+) -> bool:
+    """Complete the cached snapshot ``origin``, whose code imports ``files`` it lacks.
+
+    Returns whether it downloaded (then resolve again). Nothing to do when huggingface_hub
+    keeps the snapshot's file list (``locate`` completed it by that list: these files are not
+    in the repo); offline, a ``ModelNotCachedError`` naming each file.
+    """
+    assert origin.repo_id is not None and origin.commit is not None
+    if (origin.fence / "trees" / f"{origin.commit}.json").is_file():
+        return False
+    reason = _settings.offline_reason(local_files_only)
+    if reason is not None:
+        raise _not_cached(origin.repo_id, origin.revision, reason, None, files,
+                          commit=origin.commit, imported=True)
+    _download(origin.repo_id, origin.commit, origin.fence.parent, token, need)
+    return True
 
 
 def _needed(path: str, size: int | None, need: Need) -> bool:
@@ -134,9 +158,15 @@ def _missing(origin: ModelOrigin, cache: Path, need: Need) -> tuple[str, ...]:
     ))
 
 
+def _fetch_command(repo_id: str, revision: str | None, files: tuple[str, ...]) -> str:
+    """The ``hf download`` command that fetches ``files`` (all of the repo past ten)."""
+    named = "".join(f" {f}" for f in files) if len(files) <= 10 else ""
+    return f"hf download {repo_id}{named}" + (f" --revision {revision}" if revision else "")
+
+
 def _not_cached(
     repo_id: str, revision: str | None, reason: str, absent: ModelNotFoundError | None,
-    missing: tuple[str, ...],
+    missing: tuple[str, ...], *, commit: str | None = None, imported: bool = False,
 ) -> ModelNotCachedError:
     undo = ("pass local_files_only=False (no --local-files-only)" if reason.startswith("local")
             else f"unset {reason.split('=')[0]}")
@@ -146,14 +176,24 @@ def _not_cached(
             path=absent.path, repo_id=repo_id, revision=revision,
             fix=f"{(absent.fix or '').rstrip('.')}; or {undo} to let codeferry download it.",
         )
+    if imported:
+        return ModelNotCachedError(
+            f"the cached snapshot of {repo_id!r} at {commit} lacks {len(missing)} file(s) its "
+            f"code imports ({', '.join(missing)}): it was fetched in part (plain transformers "
+            "fetches only the files it finds by name), or the repo lacks them; "
+            f"{reason} forbids downloading them.",
+            repo_id=repo_id, revision=revision, missing=missing,
+            fix=f"{undo} to let codeferry download them, or run "
+            f"`{_fetch_command(repo_id, commit, missing)}`.",
+        )
     sample = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
     return ModelNotCachedError(
         f"the cached snapshot of {repo_id!r} lacks {len(missing)} file(s) it needs here "
         f"({sample}): it was fetched in part, or its download was cut short; {reason} "
         "forbids downloading them.",
         repo_id=repo_id, revision=revision, missing=missing,
-        fix=f"{undo} to let codeferry download them, or run `hf download {repo_id}"
-        + (f" --revision {revision}" if revision else "") + "`.",
+        fix=f"{undo} to let codeferry download them, or run "
+        f"`{_fetch_command(repo_id, commit or revision, missing)}`.",
     )
 
 

@@ -124,17 +124,7 @@ def resolve(
     Raises a ``codeferry.errors`` error for input that cannot be analysed at all;
     everything else is reported in ``Bundle.problems``.
     """
-    origin = _hub.locate(model, revision=revision, cache_dir=cache_dir, token=token,
-                         local_files_only=local_files_only, need=fetch)
-    refs = read_class_refs(origin)
-    if cache_dir is None and origin.repo_id:
-        # Cross-repo code of a cached repo (also one given as its snapshot folder, as
-        # workers get it) comes from the cache that holds it.
-        cache_dir = origin.fence.parent
-    walker = Walker(origin, cache_dir, token, local_files_only)
-    for ref in refs:
-        walker.add_class(ref)
-
+    origin, refs, walker = _walk(model, revision, cache_dir, token, local_files_only, fetch)
     modules = [m for unit in walker.units.values() for m in unit.modules.values()]
     names = [m.qualified for m in modules]
     eager = [(a, b) for a, b, deferred in walker.edges if not deferred]
@@ -219,6 +209,37 @@ def resolve(
         scopes=tuple(walker.scopes),
         parents=tuple(parents),
     )
+
+
+def _walk(
+    model: str | os.PathLike[str], revision: str | None,
+    cache_dir: str | os.PathLike[str] | None, token: str | bool | None,
+    local_files_only: bool | None, fetch: _hub.Need,
+) -> tuple[ModelOrigin, list[ClassRef], Walker]:
+    """Phases 1 and 2. A hub snapshot whose code imports files it lacks (what plain
+    transformers leaves when it fails on a sub-package) is completed once, then walked again;
+    offline that is a ``ModelNotCachedError`` naming the files (``_hub.complete``)."""
+    folder = Path(model).expanduser().is_dir()  # read as it is, never fetched
+    for last in (False, True):
+        origin = _hub.locate(model, revision=revision, cache_dir=cache_dir, token=token,
+                             local_files_only=local_files_only, need=fetch)
+        refs = read_class_refs(origin)
+        # Cross-repo code of a cached repo (also one given as its snapshot folder, as
+        # workers get it) comes from the cache that holds it.
+        cache = origin.fence.parent if cache_dir is None and origin.repo_id else cache_dir
+        walker = Walker(origin, cache, token, local_files_only)
+        for ref in refs:
+            walker.add_class(ref)
+        gaps = [] if last else [(repo, where, files)
+                                for repo, where, files in walker.snapshot_gaps()
+                                if repo is not None or not folder]
+        # another repo's unit is its code only, whatever the model needs
+        fetched = [_hub.complete(where, files, token=token, local_files_only=local_files_only,
+                                 need=fetch if repo is None else "code")
+                   for repo, where, files in gaps]
+        if not any(fetched):
+            break
+    return origin, refs, walker
 
 
 def _closures(

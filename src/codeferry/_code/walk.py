@@ -67,6 +67,17 @@ def _too_deep(unit: RepoScan, rel: str, line: int, consequence: str) -> SourceTo
     )
 
 
+def _needed_file(module: Module, imp: _graph.RelativeImport, missing: str) -> str:
+    """The file a relative import that ``resolve_relative`` found ``missing`` needs: its whole
+    target (``utils/rope.py`` for ``from .utils.rope import x``, where ``utils`` is missing)."""
+    parts = module.name.split(".") if module.name else []
+    package = parts if module.is_package else parts[:-1]
+    base = package[: len(package) - (imp.level - 1)]
+    target = ".".join(base + (imp.module.split(".") if imp.module else []))
+    whole = target if imp.module and (target + ".").startswith(missing + ".") else missing
+    return whole.replace(".", "/") + ".py"
+
+
 class Walker:
     """Phase 2 of ``resolve``: the units, modules, edges and problems found so far."""
 
@@ -88,6 +99,16 @@ class Walker:
         self.pins: dict[str, str] = {}
         self.siblings: set[str] = set()  # absolute imports that are really model files
         self.pending: deque[tuple[RepoScan, Module]] = deque()  # registered, not read yet
+        #: Per unit (``None``: the model's own), files its code imports at load that are not
+        #: there: a hub snapshot that lacks them may have been fetched in part.
+        self.absent: dict[str | None, set[str]] = {}
+
+    def snapshot_gaps(self) -> list[tuple[str | None, ModelOrigin, tuple[str, ...]]]:
+        """``(repo, origin, files)`` of each unit from the hub cache whose code imports, at
+        load, files its snapshot lacks."""
+        return [(repo, unit.origin, tuple(sorted(self.absent[repo])))
+                for repo, unit in self.units.items()
+                if self.absent.get(repo) and unit.origin.repo_id and unit.origin.commit]
 
     def report(self, problem: CodeferryError, *scope: str) -> None:
         """Record ``problem``; it blocks the classes whose closure meets ``scope``."""
@@ -140,6 +161,7 @@ class Walker:
         found = _graph.module_path(name, unit.files)
         full_name = qualified(unit.repo, name)
         if found is None or (found[0] == "" and not found[1]):
+            self.absent.setdefault(unit.repo, set()).add(name.replace(".", "/") + ".py")
             self.report(MissingModuleError(
                 f"module {name!r} is not in {unit.origin.name} (no {name.replace('.', '/')}.py).",
                 path=where, line=line,
@@ -229,6 +251,7 @@ class Walker:
                         fix=f"nothing, unless that path is used: then add {stem}.py.",
                     ), module.qualified)
                 else:
+                    self.absent.setdefault(unit.repo, set()).add(_needed_file(module, imp, missing[0]))
                     self.report(MissingModuleError(
                         f"{text}.", path=where, line=imp.line, col=imp.col,
                         fix=f"add {stem}.py, or wrap the import in try/except ImportError if it "

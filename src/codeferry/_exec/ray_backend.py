@@ -29,8 +29,10 @@ import contextlib
 import os
 import queue
 import shutil
+import socket
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -39,14 +41,16 @@ from .. import _settings
 from .._code.digest import file_sha256, manifest_token, path_sha256
 from .._code.source import WEIGHT_SUFFIXES, ModelOrigin, list_files
 from .._runtime.store import store_root
-from ..errors import ClusterError, ExtraMissingError, WeightsTooLargeError
+from ..errors import ClusterError, ClusterUnreachableError, ExtraMissingError, WeightsTooLargeError
 from .plan import Plan
 from .transport import Event, Post
 from .worker import WorkerSpec, error_payload, remote_error, unpack_reply
 
-__all__ = ["Ferry", "RayTransport", "build_ferry", "is_weight", "materialize"]
+__all__ = ["Ferry", "RayTransport", "build_ferry", "connect", "is_weight", "materialize"]
 
-
+#: Seconds a driver keeps trying to reach the cluster at an explicit address before it
+#: gives up (Ray's own connect retries take minutes, and log every attempt).
+CONNECT_WAIT_S = 5.0
 
 def is_weight(rel: str) -> bool:
     """Weights travel one object each and may come from a node's own cache instead; every
@@ -232,6 +236,76 @@ def _cluster_error(exc: BaseException, what: str) -> ClusterError:
     return error
 
 
+def _host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of an explicit cluster address (``host:port``, ``ray://host:port``);
+    ``None`` for ``auto``, ``local`` and anything else Ray reads its own way."""
+    text = address.strip()
+    scheme, sep, rest = text.partition("://")
+    if sep:
+        if scheme != "ray":
+            return None
+        text = rest
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _first_answer(hosts: list[str], port: int, wait: float) -> OSError | None:
+    """Try a TCP connection to ``port`` of each of ``hosts`` until one succeeds or ``wait``
+    seconds have passed; the last error, or ``None`` when something answered."""
+    deadline = time.monotonic() + wait
+    while True:
+        for host in hosts:
+            try:
+                with socket.create_connection((host, port), timeout=min(1.0, wait)):
+                    return None
+            except OSError as exc:
+                failure = exc
+        if time.monotonic() >= deadline:
+            return failure
+        time.sleep(0.25)
+
+
+def connect(address: str | None) -> None:
+    """``ray.init`` for ``address`` (else ``RAY_ADDRESS``; else a new local cluster), typed.
+
+    An explicit address where nothing answers within ``CONNECT_WAIT_S`` seconds is a
+    ``ClusterUnreachableError`` before Ray is asked at all (Ray would retry for minutes and
+    log each try); anything Ray raises while joining is a ``ClusterError`` with Ray's
+    exception as the cause.
+    """
+    ray = ray_module()
+    given = address or _settings.ray_address() or None
+    source = "address= / --address" if address else "RAY_ADDRESS"
+    fix = ("start the cluster there (`ray start --head --port PORT` on its head node), or "
+           "pass the address `ray start --head` printed (--address / address=, or "
+           "RAY_ADDRESS); without one, codeferry starts a local Ray on this machine.")
+    target = _host_port(given) if given else None
+    if given is not None and target is not None:
+        host, port = target
+        hosts = [host]
+        if host == "localhost" or host.startswith("127."):
+            # Ray joins this node's own address in place of a loopback one
+            with contextlib.suppress(Exception):
+                hosts.append(ray.util.get_node_ip_address())
+        failure = _first_answer(hosts, port, CONNECT_WAIT_S)
+        if failure is not None:
+            error = ClusterUnreachableError(
+                f"no Ray cluster answers at {given} ({source}): "
+                f"{failure.strerror or failure} after {CONNECT_WAIT_S:g} s of tries.",
+                address=given, fix=fix)
+            raise error from failure
+    try:
+        ray.init(address=given, log_to_driver=False)
+    except Exception as exc:
+        where = f"the Ray cluster at {given} ({source})" if given else "a local Ray cluster"
+        raise ClusterError(
+            f"cannot join {where}: Ray raised {type(exc).__name__}: {str(exc)[:500]}",
+            fix=fix if given else "see Ray's error (the cause); `ray stop` ends a stale "
+            "local cluster.") from exc
+
+
 class _RayChannel:
     def __init__(self, slot: int, actor: Any, start_ref: Any, post: Post) -> None:
         self.slot = slot
@@ -320,10 +394,16 @@ class RayTransport:
     def __init__(self, plan: Plan, *, address: str | None = None,
                  resources: dict[str, Any] | None = None) -> None:
         ray = ray_module()
+        try:
+            import cloudpickle  # noqa: F401 - ``pack`` needs it: said now, not mid-run
+        except ImportError as exc:
+            raise ExtraMissingError(
+                "backend='ray' pickles requests with cloudpickle, which is not installed.",
+                extra="ray", fix="pip install 'codeferry[ray]' (it brings cloudpickle).",
+            ) from exc
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
-            ray.init(address=address or _settings.ray_address() or None,
-                     log_to_driver=False)
+            connect(address)
         options = {"num_cpus": 1, **(resources or {})}
         self._actor = ray.remote(RayWorker).options(
             max_restarts=0, max_task_retries=0, max_concurrency=1,

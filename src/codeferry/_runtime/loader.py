@@ -23,8 +23,9 @@ digest, never re-read from disk after the check. Everything else that reads "the
 file" after the check gets those same bytes too:
 
 * ``__file__`` (and ``co_filename``, ``__spec__.origin``) point into a *private copy*
-  of the unit: a folder under a fresh ``mkdtemp`` (mode 0700, so no other user can
-  reach it) written from the verified bytes in memory, read back and compared, then
+  of the unit (``private``): a folder under a fresh ``mkdtemp`` (mode 0700, in a
+  temporary folder held to the store's permission rule, so no other user can reach or
+  swap it) written from the verified bytes in memory, read back and compared, then
   made read-only (files 0400, folders 0500). Code that reads its assets through
   ``Path(__file__).parent / "table.json"``, or compiles or ``exec``-s a file next to
   it, reads the checked bytes, whatever happens to the store or the model folder.
@@ -41,18 +42,14 @@ The store copy stays for processes that get only a digest (they verify it on rea
 
 from __future__ import annotations
 
-import atexit
 import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
 import linecache
-import os
 import sys
-import tempfile
 import threading
 import types
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,7 +58,8 @@ from .. import _settings
 from .._code.digest import unit_digest
 from .._code.resolve import Bundle
 from .._trust.policy import check_allowed
-from ..errors import CodeUnavailableError, StoreUnavailableError
+from ..errors import CodeUnavailableError
+from .private import verified_dir
 from .store import Unit, read_unit, unit_path, write_unit
 
 __all__ = [
@@ -109,176 +107,6 @@ class Registration:
         if name in self.unit.packages or any(p.startswith(stem + "/") for p in self.unit.files):
             return None, True
         return None
-
-
-# -- the private copy -------------------------------------------------------------------
-
-_PRIVATE_PREFIX = "codeferry-private-"
-_private: dict[str, Path] = {}  # unit token -> its folder, in the process that made it
-_private_owner: tuple[int, Path] | None = None  # (pid, root) of this process's copies
-
-
-def _private_root() -> Path:
-    """This process's folder for private copies: a fresh ``mkdtemp`` (0700), one per pid.
-
-    A forked child keeps the modules its parent executed (and their ``__file__``, in
-    the parent's folder); it makes its own folder for units it imports itself.
-    """
-    global _private_owner
-    pid = os.getpid()
-    if _private_owner is None or _private_owner[0] != pid:
-        if _private_owner is not None:
-            _private.clear()  # the parent's copies: the parent removes them
-        _sweep_private()
-        root = Path(tempfile.mkdtemp(prefix=f"{_PRIVATE_PREFIX}{pid}-"))
-        _hold_alive(root)
-        _private_owner = (pid, root)
-        atexit.register(_remove_private, pid, root)
-    return _private_owner[1]
-
-
-def _remove_tree(root: Path) -> None:
-    """Remove a read-only copy, best effort: folders get their write bit back first.
-
-    Its own stack, not ``os.walk``/``shutil.rmtree``, which recurse in Python 3.11: a
-    unit may be deeper than the recursion limit.
-    """
-    folders: list[str] = []
-    stack = [str(root)]
-    while stack:
-        folder = stack.pop()
-        try:
-            os.chmod(folder, 0o700)
-            with os.scandir(folder) as listing:
-                entries = list(listing)
-        except OSError:
-            continue
-        folders.append(folder)
-        for entry in entries:
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-                else:
-                    os.unlink(entry.path)
-            except OSError:
-                pass
-    for folder in reversed(folders):  # children were listed after their parents
-        try:
-            os.rmdir(folder)
-        except OSError:
-            pass
-
-
-def _remove_private(pid: int, root: Path) -> None:
-    if os.getpid() == pid:  # never a forked child's exit: the folder is its parent's
-        _remove_tree(root)
-
-
-_ALIVE = ".alive"
-_alive_fds: list[int] = []  # kept open for the process's life: the lock dies with it
-
-
-def _hold_alive(root: Path) -> None:
-    """Hold an exclusive ``flock`` on ``root/.alive`` until this process (and its forks) end.
-
-    A lock, not a pid: it is released by the kernel however the process dies, and a pid
-    can be reused or belong to another PID namespace sharing this temporary folder.
-    """
-    try:
-        import fcntl
-    except ImportError:  # no flock (Windows): copies of killed processes stay behind
-        warnings.warn(
-            f"codeferry: no fcntl.flock on this platform: the private copy {root} of this "
-            "process's code cannot be marked alive, so copies left by killed processes are "
-            f"not removed ({tempfile.gettempdir()}/{_PRIVATE_PREFIX}*; delete them when no "
-            "codeferry process runs).", RuntimeWarning, stacklevel=2)
-        return
-    # Locked before it has its name: a sweeper that found ``.alive`` unlocked between its
-    # creation and our flock would take the lock itself and remove a live copy.
-    pending = root / f"{_ALIVE}.{os.getpid()}"
-    fd = os.open(pending, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    os.rename(pending, root / _ALIVE)
-    _alive_fds.append(fd)
-
-
-def _sweep_private() -> None:
-    """Remove copies left by processes that were killed: those whose lock nobody holds."""
-    try:
-        import fcntl
-    except ImportError:
-        return
-    base = tempfile.gettempdir()
-    try:
-        entries = list(os.scandir(base))
-    except OSError:
-        return
-    uid = os.getuid()
-    for entry in entries:
-        if not entry.name.startswith(_PRIVATE_PREFIX):
-            continue
-        try:
-            if not entry.is_dir(follow_symlinks=False) or entry.stat(
-                follow_symlinks=False
-            ).st_uid != uid:
-                continue
-            fd = os.open(os.path.join(entry.path, _ALIVE), os.O_RDONLY)
-        except OSError:
-            continue  # not ours, or being created right now (no lock file yet)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            continue  # its process (or a fork of it) is alive
-        finally:
-            os.close(fd)
-        _remove_tree(Path(entry.path))
-
-
-def verified_dir(unit: Unit) -> Path:
-    """The folder of this process's private, read-only copy of ``unit``'s verified bytes.
-
-    Written from the bytes in memory (which ``register`` verified), read back and
-    compared, then made read-only; refused with ``StoreUnavailableError`` when the
-    temporary folder cannot be written (set ``TMPDIR`` to one that can).
-    """
-    with _lock:
-        root = _private_root()
-        found = _private.get(unit.token)
-        if found is not None:
-            return found
-        folder = root / unit.token
-        try:
-            folder.mkdir(mode=0o700)
-            subfolders: set[Path] = set()  # made one level at a time: mkdir(parents) recurses
-            for rel in unit.files:
-                for parent in reversed(Path(rel).parents):
-                    if parent != Path(".") and parent not in subfolders:
-                        (folder / parent).mkdir(mode=0o700)
-                        subfolders.add(parent)
-            for rel, data in unit.files.items():
-                target = folder / rel
-                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with open(fd, "wb") as handle:
-                    handle.write(data)
-            for rel, data in unit.files.items():
-                target = folder / rel
-                with open(target, "rb") as handle:
-                    if handle.read() != data:
-                        raise OSError(f"{target} does not read back as written")
-                os.chmod(target, 0o400)
-            for sub in subfolders:
-                os.chmod(folder / sub, 0o500)
-            os.chmod(folder, 0o500)
-        except OSError as exc:
-            _remove_tree(folder)
-            raise StoreUnavailableError(
-                f"cannot write this process's private copy of the code of {unit.label} "
-                f"({unit.digest}) under {root}: {exc.strerror or exc}.",
-                digest=unit.digest, model=unit.label, path=str(root),
-                fix="free space in the temporary folder, or point TMPDIR at a writable one.",
-            ) from exc
-        _private[unit.token] = folder
-        return folder
 
 
 def units_of(bundle: Bundle) -> dict[str | None, Unit]:
