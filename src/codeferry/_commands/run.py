@@ -194,17 +194,23 @@ def run(
                     record_path(path).unlink()
             raise
         with executor:
-            if retried:
-                sink.rewrite([item.id for item in items], state)
-            if task == "generate":
-                info = executor.worker_info[0]
-                text = (f"generating by {info.get('generate_path')} batching "
-                        f"({info.get('generate_reason')})")
-                logger.info("codeferry run: %s", text)
-                bar.note(text)
-            bar.start()
-            _drain(_outcomes(executor, task, [i.text for i in remaining], batch_size, max_new_tokens,
-                             pooling), remaining, task, sink, bar, result, size)
+            try:
+                if retried:
+                    sink.rewrite([item.id for item in items], state)
+                if task == "generate":
+                    info = executor.worker_info[0]
+                    text = (f"generating by {info.get('generate_path')} batching "
+                            f"({info.get('generate_reason')})")
+                    logger.info("codeferry run: %s", text)
+                    bar.note(text)
+                bar.start()
+                _drain(_outcomes(executor, task, [i.text for i in remaining], batch_size,
+                                 max_new_tokens, pooling), remaining, task, sink, bar, result, size)
+            except BaseException:
+                # The run is abandoned: stop now, rather than wait (as leaving the block does)
+                # for batches whose results nothing will write.
+                executor.close()
+                raise
         sink.close()
     except BaseException as exc:
         bar.finish()  # off the screen before the error (or the interruption) is printed
