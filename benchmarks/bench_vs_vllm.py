@@ -1,6 +1,6 @@
 """Generate throughput of ``codeferry.Executor`` against vLLM CPU and a plain transformers loop.
 
-The workload of issue 12: a random-weight Llama (hidden 512, 4 layers, 8 heads, fp32, the
+The workload: a random-weight Llama (hidden 512, 4 layers, 8 heads, fp32, the
 all-MiniLM-L6-v2 tokenizer), ``--prompts`` prompts of skewed length (3 to 48 words, most
 short), ``--new-tokens`` new tokens each, greedy, every output exactly that long
 (``min_new_tokens``; ``ignore_eos`` for vLLM). Every way starts, makes one warm-up call,
@@ -17,7 +17,7 @@ than items/s. "padding" is the share of padded prompt-token slots that hold padd
 A last line compares embed throughput (the real all-MiniLM-L6-v2, mean pooling) of the
 executor at its defaults with a plain loop of batches of 8 on 2 threads. Run::
 
-    HF_HUB_OFFLINE=1 python benchmarks/bench_vs_vllm.py [--vllm-python /work/vllm-venv/bin/python]
+    HF_HUB_OFFLINE=1 python benchmarks/bench_vs_vllm.py [--vllm-python /path/to/vllm-venv/bin/python]
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def generate_table(args: argparse.Namespace, llama: str, root: Path) -> None:
     ways += [
         executor_way("codeferry Executor, continuous batching (forced)", llama, prompts,
                      options, lengths, generate_path="continuous"),
-        executor_way("codeferry Executor, batch_size=8 (the old default)", llama, prompts,
+        executor_way("codeferry Executor, batch_size=8", llama, prompts,
                      options, lengths, batch_size=8),
     ]
     plain = be.Plain(llama, "generate")
