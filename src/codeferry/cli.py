@@ -456,9 +456,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, RunStoppedError) and exc.output is not None:
             exc.resume = "codeferry " + shlex.join(argv)
             print(f"codeferry: to resume, run: {exc.resume}", file=sys.stderr)
+        elif args.command == "run" and args.output not in (None, "-") and _machine_fault(exc):
+            # e.g. no worker could start: nothing was written for any input, and the same
+            # command, once the machine is fixed, runs (or resumes) the whole input
+            print(f"codeferry: to resume, run: codeferry {shlex.join(argv)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _machine_fault(exc: BaseException) -> bool:
+    from ._commands.faults import is_machine_fault
+
+    return is_machine_fault(exc)
 
 
 if __name__ == "__main__":

@@ -268,3 +268,31 @@ def test_help_documents_the_new_flags(capsys: pytest.CaptureFixture[str]) -> Non
     text = capsys.readouterr().out
     assert "--retry-errors" in text and "--batch-timeout SECONDS" in text
     assert run_cli(capsys, "run", "--batch-timeout", "0")[0] == 2
+
+
+def test_workers_that_cannot_start_write_nothing_and_say_how_to_resume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No worker can start (its model raises while it is built there): the machine's fault,
+    before any line. Nothing is written, the error is typed, and the resume line is the same
+    command, which runs every input once the cause is gone."""
+    model = write_model(tmp_path / "stubborn", ModelSpec(name="stubborn", tokenizer=True))
+    modeling = model / "modeling_stubborn.py"
+    modeling.write_text(modeling.read_text() + (
+        "\n\nimport os as _os\n_init = StubbornForCausalLM.__init__\n\n\n"
+        "def _refuse(self, *args, **kwargs):\n"
+        "    if _os.environ.get('CODEFERRY_TEST_REFUSE'):\n"
+        "        raise MemoryError('no memory for the weights (on purpose)')\n"
+        "    _init(self, *args, **kwargs)\n\n\n"
+        "StubbornForCausalLM.__init__ = _refuse\n"))
+    source, output = write_jsonl(tmp_path / "in.jsonl", ROWS), tmp_path / "out.jsonl"
+    monkeypatch.setenv("CODEFERRY_TEST_REFUSE", "1")
+    args = argv(model, source, output)
+    assert cli.main(args) == 1
+    err = capsys.readouterr().err
+    assert "WorkerStartupError" in err or "could not start" in err, err
+    assert f"codeferry: to resume, run: codeferry {shlex.join(args)}" in err.splitlines()
+    assert not output.exists() or read_jsonl(output) == []
+    monkeypatch.delenv("CODEFERRY_TEST_REFUSE")
+    assert cli.main(args) == 0
+    assert [row["id"] for row in read_jsonl(output)] == [row["id"] for row in ROWS]

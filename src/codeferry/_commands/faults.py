@@ -29,7 +29,7 @@ from ..errors import (
     WorkerStartupError,
 )
 
-__all__ = ["machine_fault"]
+__all__ = ["is_machine_fault", "machine_fault"]
 
 #: Errors that say what the machine did, whatever the input.
 _MACHINE: tuple[type[BaseException], ...] = (
@@ -51,6 +51,12 @@ def machine_fault(error: BaseException) -> BaseException | None:
     if cause is None:
         return None
     return cause if _is_machine(cause) else None
+
+
+def is_machine_fault(error: BaseException) -> bool:
+    """Whether ``error``, raised by a run before or while it wrote, is the machine's doing (a
+    worker that cannot start, changed code, the store): the same command resumes it."""
+    return _is_machine(error)
 
 
 def _is_machine(cause: BaseException) -> bool:
