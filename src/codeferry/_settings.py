@@ -13,6 +13,7 @@ reads it with that library's rules, so both agree on where files are.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,9 @@ __all__ = [
     "cuda_visible_devices",
     "debug",
     "hub_cache",
+    "environment_with",
     "hub_endpoint",
+    "install_switch",
     "lock_file",
     "markdown",
     "modules_cache",
@@ -34,6 +37,7 @@ __all__ = [
     "offline_reason",
     "quiet_hub_progress",
     "ray_address",
+    "python_path",
     "ray_ship_limit",
     "vllm_plugin_enabled",
 ]
@@ -92,7 +96,21 @@ SETTINGS: tuple[Setting, ...] = (
         "on",
         '`0` keeps codeferry\'s plugin out of vLLM (see "Inside vLLM")',
     ),
-    Setting(("CODEFERRY_LOCK",), "unset", "inside vLLM: a lock file every vLLM process enforces"),
+    Setting(
+        ("CODEFERRY_LOCK",),
+        "unset",
+        "a lock file every process enforces: every vLLM process, and under `codeferry exec --lock` (or `CODEFERRY_INSTALL=1`) every Python process of the command",
+    ),
+    Setting(
+        ("CODEFERRY_INSTALL",),
+        "unset (off)",
+        "`1` (or `true`, `yes`, `on`) with codeferry's boot folder first on `PYTHONPATH` (what `codeferry exec` sets; `codeferry exec --print-env` prints both): every Python process routes transformers' remote-code loading through codeferry, as after `install()`, from its import of transformers on (see \"No change to your code\")",
+    ),
+    Setting(
+        ("PYTHONPATH",),
+        "unset",
+        "`codeferry exec` puts codeferry's boot folder first on it for COMMAND (the rest kept, in order)",
+    ),
     Setting(
         ("TMPDIR",),
         "the system's temporary folder",
@@ -212,6 +230,24 @@ def lock_file() -> str | None:
     """``CODEFERRY_LOCK``: the lock every vLLM process enforces, if one is set."""
     value = os.environ.get("CODEFERRY_LOCK", "").strip()
     return value or None
+
+
+def install_switch() -> bool:
+    """``CODEFERRY_INSTALL``: whether a process started with codeferry's boot folder on its
+    path routes remote code through codeferry (``codeferry exec`` sets it)."""
+    return (os.environ.get("CODEFERRY_INSTALL") or "").strip().upper() in _TRUE
+
+
+def python_path() -> list[str]:
+    """``PYTHONPATH``'s entries, in order (empty ones kept: Python reads them as the current
+    folder)."""
+    value = os.environ.get("PYTHONPATH") or ""
+    return value.split(os.pathsep) if value else []
+
+
+def environment_with(updates: Mapping[str, str]) -> dict[str, str]:
+    """This process's environment with ``updates``: what a command started now gets."""
+    return {**os.environ, **updates}
 
 
 def ray_ship_limit() -> int:

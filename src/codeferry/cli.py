@@ -34,6 +34,7 @@ from ._trust.options import ModelOptions
 from ._version import package_version
 from .errors import (
     CodeferryError,
+    CommandNotRunError,
     DeviceError,
     InputNotFoundError,
     ModelNotFoundError,
@@ -279,6 +280,35 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0 if result.failed == 0 else 1
 
 
+def _cmd_exec(args: argparse.Namespace) -> int:
+    """Run COMMAND so that its every Python process loads remote code through codeferry.
+
+    As after `codeferry.install()`, in each process COMMAND starts and each one those start,
+    through the variables PYTHONPATH (codeferry's boot folder first), CODEFERRY_INSTALL=1
+    and, with --lock, CODEFERRY_LOCK. The exit code is COMMAND's. Not reached: processes that
+    clear the environment or PYTHONPATH, other interpreters, `python -S`/`-I`/`-E`.
+    """
+    from ._commands.launch import exec_variables, launch, render_variables
+
+    if args.print_env or args.json:
+        sys.stdout.write(render_variables(exec_variables(args.lock), as_json=args.json))
+        return 0
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise UsageError("exec: give the command after `--` (codeferry exec --lock FILE -- CMD ...)")
+    launch(command, lock=args.lock)  # replaces this process: COMMAND's exit code is ours
+
+
+def _add_exec(sub: _Commands) -> argparse.ArgumentParser:
+    command = _command(sub, _cmd_exec, model_help=None)
+    _trust_options(command.add_mutually_exclusive_group(required=True))
+    command.add_argument("--print-env", action="store_true",
+                         help="print the variables (`export` lines) instead of running COMMAND")
+    command.add_argument("--json", action="store_true", help="--print-env as one JSON object")
+    command.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+    return command
+
+
 #: Every subcommand's MODEL: optional, the bundled demo when omitted (one rule for all).
 _MODEL_HELP = ("a model folder, or a repo id of the Hugging Face Hub, downloaded unless "
                "cached or HF_HUB_OFFLINE=1 (default: the bundled demo model")
@@ -335,6 +365,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for add_command in (_add_inspect, _add_doctor, _add_audit, _add_run, _add_lock, _add_verify):
         _common_options(add_command(sub))  # last: after each command's own options in --help
+    _add_exec(sub)  # no MODEL: the command's own processes load the models
     return parser
 
 
@@ -343,13 +374,15 @@ _Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def _command(sub: _Commands, func: Callable[[argparse.Namespace], int], *,
-             model_help: str = ")", with_json: bool = False) -> argparse.ArgumentParser:
+             model_help: str | None = ")", with_json: bool = False) -> argparse.ArgumentParser:
     """The subcommand ``_cmd_NAME`` runs: its help and description are the function's
-    docstring, its first line and the rest; then its optional MODEL (and ``--json``)."""
+    docstring, its first line and the rest; then its optional MODEL (none with
+    ``model_help=None``; and ``--json``)."""
     summary, _, description = inspect.cleandoc(func.__doc__ or "").partition("\n\n")
     command = sub.add_parser(func.__name__.removeprefix("_cmd_"), help=summary.rstrip("."),
                              description=description)
-    command.add_argument("model", nargs="?", default=None, help=_MODEL_HELP + model_help)
+    if model_help is not None:
+        command.add_argument("model", nargs="?", default=None, help=_MODEL_HELP + model_help)
     if with_json:
         command.add_argument("--json", action="store_true", help="print one JSON object")
     command.set_defaults(func=func)
@@ -456,7 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, RunStoppedError) and exc.output is not None:
             exc.resume = "codeferry " + shlex.join(argv)
             print(f"codeferry: to resume, run: {exc.resume}", file=sys.stderr)
-        return 1
+        return exc.status if isinstance(exc, CommandNotRunError) else 1  # 127, 126 as a shell
     except KeyboardInterrupt:
         return 130
 
