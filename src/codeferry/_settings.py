@@ -13,9 +13,13 @@ reads it with that library's rules, so both agree on where files are.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
+
+# At run time this module imports ``os`` only: the boot of ``codeferry exec`` reads the switch
+# here in every Python process of the command, and most of them never need more.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from pathlib import Path
 
 __all__ = [
     "SETTINGS",
@@ -55,13 +59,15 @@ _TRUE = frozenset({"1", "ON", "YES", "TRUE"})
 _FALSE = frozenset({"0", "OFF", "NO", "FALSE"})
 
 
-@dataclass(frozen=True)
 class Setting:
     """One environment variable (or a few that mean one thing): its default, what it does."""
 
-    names: tuple[str, ...]  # one variable, or a few read together (the same meaning)
-    default: str
-    meaning: str
+    __slots__ = ("default", "meaning", "names")
+
+    def __init__(self, names: tuple[str, ...], default: str, meaning: str) -> None:
+        self.names = names  # one variable, or a few read together (the same meaning)
+        self.default = default
+        self.meaning = meaning
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -174,31 +180,38 @@ def _get(name: str) -> str | None:
     return value if value is not None and value.strip() else None
 
 
+def _path(value: str, *, expand: bool = True) -> Path:
+    from pathlib import Path  # when asked for, not at import (see the imports above)
+
+    return Path(value).expanduser() if expand else Path(value)
+
+
 def _xdg_cache() -> Path:
-    return Path(_get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"))
+    return _path(_get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+                 expand=False)
 
 
 def codeferry_home() -> Path:
     """The store's home: ``CODEFERRY_HOME`` or ``$XDG_CACHE_HOME/codeferry``."""
     home = _get("CODEFERRY_HOME")
-    return Path(home).expanduser() if home else _xdg_cache() / "codeferry"
+    return _path(home) if home else _xdg_cache() / "codeferry"
 
 
 def _hf_home() -> Path:
     home = _get("HF_HOME")
-    return Path(home).expanduser() if home else _xdg_cache() / "huggingface"
+    return _path(home) if home else _xdg_cache() / "huggingface"
 
 
 def hub_cache() -> Path:
     """The hub cache with huggingface_hub's rules, as the environment says now."""
     cache = _get("HF_HUB_CACHE") or _get("HUGGINGFACE_HUB_CACHE")
-    return Path(cache).expanduser() if cache else _hf_home() / "hub"
+    return _path(cache) if cache else _hf_home() / "hub"
 
 
 def modules_cache() -> Path:
     """transformers' module cache (``HF_MODULES_CACHE``, else ``$HF_HOME/modules``)."""
     cache = _get("HF_MODULES_CACHE")
-    return Path(cache).expanduser() if cache else _hf_home() / "modules"
+    return _path(cache) if cache else _hf_home() / "modules"
 
 
 def offline_reason(local_files_only: bool | None = None) -> str | None:

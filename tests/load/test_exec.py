@@ -124,6 +124,7 @@ PROBE = textwrap.dedent("""
         "codeferry_imported": any(m.split(".")[0] == "codeferry" for m in sys.modules),
         "modules_left": sorted(m for m in sys.modules if "codeferry" in m),
         "user_sitecustomize": getattr(sys.modules.get("sitecustomize"), "MARK", None),
+        "heavy": sorted(set(sys.modules) & {"typing", "pathlib", "dataclasses", "inspect"}),
     }
     if sys.argv[1:] == ["transformers"]:
         import transformers.dynamic_module_utils as dmu
@@ -280,6 +281,8 @@ def test_the_printed_variables_switch_it_on_and_chain_to_a_user_sitecustomize(
     started = _report(_run([sys.executable, probe], {**env, **variables}, tmp_path))
     assert started["user_sitecustomize"] == "user"  # the user's ran, and stands as sitecustomize
     assert not started["codeferry_imported"] and started["modules_left"] == []
+    # reading the switch costs a process no import beyond its own start
+    assert started["heavy"] == _report(_run([sys.executable, probe], env, tmp_path))["heavy"]
     assert started["meta_path"][0] == "sitecustomize._Watch"  # waiting for transformers
     routed = _report(_run([sys.executable, probe, "transformers"], {**env, **variables},
                           tmp_path))
