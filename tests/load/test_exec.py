@@ -38,8 +38,11 @@ POOL_SCRIPT = textwrap.dedent("""
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+        from transformers.models.auto import auto_factory
+
         return {"config_module": type(config).__module__, "model_module": type(model).__module__,
-                "same_config_class": type(model.config) is type(config)}
+                "same_config_class": type(model.config) is type(config),
+                "generate_hook": auto_factory.add_generation_mixin_to_remote_model.__module__}
 
 
     def error(exc):
@@ -172,15 +175,19 @@ def test_pools_under_exec_get_codeferry_classes_where_plain_transformers_fails(
     routed = _report(_run([*_exec("--trust-remote-code"), sys.executable, script, model],
                           _env(tmp_path), tmp_path))
 
-    # plain transformers misses the helper sub-package: the model cannot be built
-    assert any("error" in part for part in plain.values()), plain
-    assert not plain["parent"]["config_module"].startswith("codeferry."), plain
+    # plain transformers copies `utils/rope.py` as `utils.rope.py`: no worker builds the model
+    assert plain["parent"]["config_module"].startswith("transformers_modules."), plain
+    for method in ("spawn", "forkserver"):
+        assert "FileNotFoundError" in plain[method]["error"], plain
+        assert "utils.rope.py" in plain[method]["error"], plain
     # under exec: the parent and both pools' workers hold codeferry's classes, one per process
     assert routed["parent"]["config_module"].startswith("codeferry._dyn"), routed
     for method in ("spawn", "forkserver"):
         assert routed[method] == {"config_module": routed[method]["config_module"],
                                   "model_module": routed[method]["model_module"],
-                                  "same_config_class": True}, routed
+                                  "same_config_class": True,
+                                  # install()'s generate() hook, made at the first class
+                                  "generate_hook": "codeferry._hf.classes"}, routed
         assert routed[method]["config_module"].startswith("codeferry._dyn")
         assert routed[method]["model_module"].startswith("codeferry._dyn")
 
