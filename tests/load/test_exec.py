@@ -297,3 +297,17 @@ def test_the_printed_variables_switch_it_on_and_chain_to_a_user_sitecustomize(
     shell = _run([sys.executable, "-m", "codeferry", "exec", "--trust-remote-code",
                   "--print-env"], env, tmp_path)
     assert shell.stdout.startswith("export PYTHONPATH=") and "CODEFERRY_INSTALL=1" in shell.stdout
+
+
+def test_an_interpreter_that_cannot_import_codeferry_fails_loudly(tmp_path: Path) -> None:
+    """Switched on where codeferry cannot be imported: importing transformers fails and says
+    why, rather than loading remote code unrouted (a user sitecustomize hides codeferry)."""
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "sitecustomize.py").write_text("import sys\nsys.modules['codeferry'] = None\n")
+    env = _env(tmp_path, CODEFERRY_INSTALL="1")
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(BOOT), str(user), env.get("PYTHONPATH", "")) if p)
+    proc = _run([sys.executable, "-c", "import transformers.dynamic_module_utils"], env, tmp_path)
+    assert proc.returncode == 1
+    assert "cannot import codeferry" in proc.stderr and str(BOOT) in proc.stderr
