@@ -13,8 +13,13 @@ reads it with that library's rules, so both agree on where files are.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from pathlib import Path
+
+# At run time this module imports ``os`` only: the boot of ``codeferry exec`` reads the switch
+# here in every Python process of the command, and most of them never need more.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from pathlib import Path
 
 __all__ = [
     "SETTINGS",
@@ -26,7 +31,9 @@ __all__ = [
     "cuda_visible_devices",
     "debug",
     "hub_cache",
+    "environment_with",
     "hub_endpoint",
+    "install_switch",
     "lock_file",
     "markdown",
     "modules_cache",
@@ -34,6 +41,7 @@ __all__ = [
     "offline_reason",
     "quiet_hub_progress",
     "ray_address",
+    "python_path",
     "ray_ship_limit",
     "vllm_plugin_enabled",
 ]
@@ -51,13 +59,15 @@ _TRUE = frozenset({"1", "ON", "YES", "TRUE"})
 _FALSE = frozenset({"0", "OFF", "NO", "FALSE"})
 
 
-@dataclass(frozen=True)
 class Setting:
     """One environment variable (or a few that mean one thing): its default, what it does."""
 
-    names: tuple[str, ...]  # one variable, or a few read together (the same meaning)
-    default: str
-    meaning: str
+    __slots__ = ("default", "meaning", "names")
+
+    def __init__(self, names: tuple[str, ...], default: str, meaning: str) -> None:
+        self.names = names  # one variable, or a few read together (the same meaning)
+        self.default = default
+        self.meaning = meaning
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -92,7 +102,21 @@ SETTINGS: tuple[Setting, ...] = (
         "on",
         '`0` keeps codeferry\'s plugin out of vLLM (see "Inside vLLM")',
     ),
-    Setting(("CODEFERRY_LOCK",), "unset", "inside vLLM: a lock file every vLLM process enforces"),
+    Setting(
+        ("CODEFERRY_LOCK",),
+        "unset",
+        "a lock file every process enforces: every vLLM process, and under `codeferry exec --lock` (or `CODEFERRY_INSTALL=1`) every Python process of the command",
+    ),
+    Setting(
+        ("CODEFERRY_INSTALL",),
+        "unset (off)",
+        "`1` (or `true`, `yes`, `on`) with codeferry's boot folder first on `PYTHONPATH` (what `codeferry exec` sets; `codeferry exec --print-env` prints both): every Python process routes transformers' remote-code loading through codeferry, as after `install()`, from its import of transformers on (see \"No change to your code\")",
+    ),
+    Setting(
+        ("PYTHONPATH",),
+        "unset",
+        "`codeferry exec` puts codeferry's boot folder first on it for COMMAND (the rest kept, in order)",
+    ),
     Setting(
         ("TMPDIR",),
         "the system's temporary folder",
@@ -156,31 +180,38 @@ def _get(name: str) -> str | None:
     return value if value is not None and value.strip() else None
 
 
+def _path(value: str, *, expand: bool = True) -> Path:
+    from pathlib import Path  # when asked for, not at import (see the imports above)
+
+    return Path(value).expanduser() if expand else Path(value)
+
+
 def _xdg_cache() -> Path:
-    return Path(_get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"))
+    return _path(_get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+                 expand=False)
 
 
 def codeferry_home() -> Path:
     """The store's home: ``CODEFERRY_HOME`` or ``$XDG_CACHE_HOME/codeferry``."""
     home = _get("CODEFERRY_HOME")
-    return Path(home).expanduser() if home else _xdg_cache() / "codeferry"
+    return _path(home) if home else _xdg_cache() / "codeferry"
 
 
 def _hf_home() -> Path:
     home = _get("HF_HOME")
-    return Path(home).expanduser() if home else _xdg_cache() / "huggingface"
+    return _path(home) if home else _xdg_cache() / "huggingface"
 
 
 def hub_cache() -> Path:
     """The hub cache with huggingface_hub's rules, as the environment says now."""
     cache = _get("HF_HUB_CACHE") or _get("HUGGINGFACE_HUB_CACHE")
-    return Path(cache).expanduser() if cache else _hf_home() / "hub"
+    return _path(cache) if cache else _hf_home() / "hub"
 
 
 def modules_cache() -> Path:
     """transformers' module cache (``HF_MODULES_CACHE``, else ``$HF_HOME/modules``)."""
     cache = _get("HF_MODULES_CACHE")
-    return Path(cache).expanduser() if cache else _hf_home() / "modules"
+    return _path(cache) if cache else _hf_home() / "modules"
 
 
 def offline_reason(local_files_only: bool | None = None) -> str | None:
@@ -212,6 +243,24 @@ def lock_file() -> str | None:
     """``CODEFERRY_LOCK``: the lock every vLLM process enforces, if one is set."""
     value = os.environ.get("CODEFERRY_LOCK", "").strip()
     return value or None
+
+
+def install_switch() -> bool:
+    """``CODEFERRY_INSTALL``: whether a process started with codeferry's boot folder on its
+    path routes remote code through codeferry (``codeferry exec`` sets it)."""
+    return (os.environ.get("CODEFERRY_INSTALL") or "").strip().upper() in _TRUE
+
+
+def python_path() -> list[str]:
+    """``PYTHONPATH``'s entries, in order (empty ones kept: Python reads them as the current
+    folder)."""
+    value = os.environ.get("PYTHONPATH") or ""
+    return value.split(os.pathsep) if value else []
+
+
+def environment_with(updates: Mapping[str, str]) -> dict[str, str]:
+    """This process's environment with ``updates``: what a command started now gets."""
+    return {**os.environ, **updates}
 
 
 def ray_ship_limit() -> int:

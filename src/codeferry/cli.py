@@ -16,7 +16,6 @@ import inspect
 import io
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -29,15 +28,15 @@ from typing import TypeAlias
 
 from . import _settings
 from ._code.resolve import Bundle
-from ._commands.render import render_dot, render_report
+from ._commands.render import remote_tail, render_dot, render_report
 from ._trust.options import ModelOptions
 from ._version import package_version
 from .errors import (
     CodeferryError,
+    CommandNotRunError,
     DeviceError,
     InputNotFoundError,
     ModelNotFoundError,
-    RemoteTraceback,
     RunStoppedError,
 )
 
@@ -78,35 +77,6 @@ def _write_graph(path: Path, dot: str) -> None:
         [exe, f"-T{fmt}"], input=dot.encode("utf-8"), capture_output=True, check=True
     ).stdout
     _write_atomic(path, rendered)
-
-
-def _remote_tail(exc: BaseException, frames: int = 3) -> str | None:
-    """The last ``frames`` frames and the error line of a worker's traceback in ``exc``'s causes.
-
-    A worker's error reaches the parent with the worker's traceback as a ``__cause__``
-    (``RemoteTraceback``), which a one-line message would drop: its fix then says the cause
-    is "above", and this prints it there.
-    """
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen and not isinstance(cause, RemoteTraceback):
-        seen.add(id(cause))
-        cause = cause.__cause__
-    if not isinstance(cause, RemoteTraceback):
-        return None
-    # A chained traceback prints the original error first: its last frames say where the
-    # worker failed (the chain's later sections are codeferry re-raising it, typed).
-    section = re.split(r"\n\n(?:The above exception was the direct cause of the following "
-                       r"exception|During handling of the above exception, another exception "
-                       r"occurred):\n\n", cause.tb)[0]
-    lines = section.rstrip("\n").splitlines()
-    starts = [i for i, text in enumerate(lines) if text.startswith('  File "')]
-    if not starts:
-        return None
-    shown = lines[starts[max(0, len(starts) - frames)]:]
-    first = "codeferry: the worker's traceback"
-    first += f" (last {frames} of {len(starts)} frames):" if len(starts) > frames else ":"
-    return "\n".join([first, *shown]) + "\n"
 
 
 def _demo() -> str:
@@ -279,6 +249,35 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0 if result.failed == 0 else 1
 
 
+def _cmd_exec(args: argparse.Namespace) -> int:
+    """Run COMMAND so that its every Python process loads remote code through codeferry.
+
+    As after `codeferry.install()`, in each process COMMAND starts and each one those start,
+    through the variables PYTHONPATH (codeferry's boot folder first), CODEFERRY_INSTALL=1
+    and, with --lock, CODEFERRY_LOCK. The exit code is COMMAND's. Not reached: processes that
+    clear the environment or PYTHONPATH, other interpreters, `python -S`/`-I`/`-E`.
+    """
+    from ._commands.launch import exec_variables, launch, render_variables
+
+    if args.print_env or args.json:
+        sys.stdout.write(render_variables(exec_variables(args.lock), as_json=args.json))
+        return 0
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise UsageError("exec: give the command after `--` (codeferry exec --lock FILE -- CMD ...)")
+    launch(command, lock=args.lock)  # replaces this process: COMMAND's exit code is ours
+
+
+def _add_exec(sub: _Commands) -> argparse.ArgumentParser:
+    command = _command(sub, _cmd_exec, model_help=None)
+    _trust_options(command.add_mutually_exclusive_group(required=True))
+    command.add_argument("--print-env", action="store_true",
+                         help="print the variables (`export` lines) instead of running COMMAND")
+    command.add_argument("--json", action="store_true", help="--print-env as one JSON object")
+    command.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+    return command
+
+
 #: Every subcommand's MODEL: optional, the bundled demo when omitted (one rule for all).
 _MODEL_HELP = ("a model folder, or a repo id of the Hugging Face Hub, downloaded unless "
                "cached or HF_HUB_OFFLINE=1 (default: the bundled demo model")
@@ -335,6 +334,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for add_command in (_add_inspect, _add_doctor, _add_audit, _add_run, _add_lock, _add_verify):
         _common_options(add_command(sub))  # last: after each command's own options in --help
+    _add_exec(sub)  # no MODEL: the command's own processes load the models
     return parser
 
 
@@ -343,13 +343,15 @@ _Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def _command(sub: _Commands, func: Callable[[argparse.Namespace], int], *,
-             model_help: str = ")", with_json: bool = False) -> argparse.ArgumentParser:
+             model_help: str | None = ")", with_json: bool = False) -> argparse.ArgumentParser:
     """The subcommand ``_cmd_NAME`` runs: its help and description are the function's
-    docstring, its first line and the rest; then its optional MODEL (and ``--json``)."""
+    docstring, its first line and the rest; then its optional MODEL (none with
+    ``model_help=None``; and ``--json``)."""
     summary, _, description = inspect.cleandoc(func.__doc__ or "").partition("\n\n")
     command = sub.add_parser(func.__name__.removeprefix("_cmd_"), help=summary.rstrip("."),
                              description=description)
-    command.add_argument("model", nargs="?", default=None, help=_MODEL_HELP + model_help)
+    if model_help is not None:
+        command.add_argument("model", nargs="?", default=None, help=_MODEL_HELP + model_help)
     if with_json:
         command.add_argument("--json", action="store_true", help="print one JSON object")
     command.set_defaults(func=func)
@@ -449,7 +451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             traceback.print_exc()  # the worker's whole traceback included
         else:
-            tail = _remote_tail(exc)
+            tail = remote_tail(exc)
             if tail:
                 print(tail, file=sys.stderr, end="")
         print(f"codeferry: error: {exc}", file=sys.stderr)
@@ -460,7 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # e.g. no worker could start: nothing was written for any input, and the same
             # command, once the machine is fixed, runs (or resumes) the whole input
             print(f"codeferry: to resume, run: codeferry {shlex.join(argv)}", file=sys.stderr)
-        return 1
+        return exc.status if isinstance(exc, CommandNotRunError) else 1  # 127, 126 as a shell
     except KeyboardInterrupt:
         return 130
 

@@ -733,3 +733,22 @@ class ClusterUnreachableError(ClusterError):
     def __init__(self, message: str, *, address: str | None = None, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.address = address
+
+
+# -- codeferry exec ----------------------------------------------------------------------
+
+
+class CommandNotRunError(CodeferryError, OSError):
+    """``codeferry exec`` could not start COMMAND (not found, not executable): ``command`` is
+    its first word, and ``status`` the exit code a shell gives for it (127 not found, 126
+    found but not runnable)."""
+
+    def __init__(
+        self, message: str, *, command: str = "", status: int = 126, **kwargs: Any
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.command = command
+        self.status = status
+
+
+__all__ += ["CommandNotRunError"]

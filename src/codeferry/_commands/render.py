@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 
 from .._code.automap import qualified
 from .._code.resolve import Bundle
+from ..errors import RemoteTraceback
 
-__all__ = ["render_report", "render_dot"]
+__all__ = ["remote_tail", "render_report", "render_dot"]
 
 
 def _size(n: int) -> str:
@@ -112,3 +114,32 @@ def render_dot(bundle: Bundle) -> str:
         lines.append(f"  {_quote(importer)} -> {_quote(imported)}{style};")
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def remote_tail(exc: BaseException, frames: int = 3) -> str | None:
+    """The last ``frames`` frames and the error line of a worker's traceback in ``exc``'s causes.
+
+    A worker's error reaches the parent with the worker's traceback as a ``__cause__``
+    (``RemoteTraceback``), which a one-line message would drop: its fix then says the cause
+    is "above", and this prints it there.
+    """
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen and not isinstance(cause, RemoteTraceback):
+        seen.add(id(cause))
+        cause = cause.__cause__
+    if not isinstance(cause, RemoteTraceback):
+        return None
+    # A chained traceback prints the original error first: its last frames say where the
+    # worker failed (the chain's later sections are codeferry re-raising it, typed).
+    section = re.split(r"\n\n(?:The above exception was the direct cause of the following "
+                       r"exception|During handling of the above exception, another exception "
+                       r"occurred):\n\n", cause.tb)[0]
+    lines = section.rstrip("\n").splitlines()
+    starts = [i for i, text in enumerate(lines) if text.startswith('  File "')]
+    if not starts:
+        return None
+    shown = lines[starts[max(0, len(starts) - frames)]:]
+    first = "codeferry: the worker's traceback"
+    first += f" (last {frames} of {len(starts)} frames):" if len(starts) > frames else ":"
+    return "\n".join([first, *shown]) + "\n"

@@ -1,5 +1,6 @@
-"""``install()``/``uninstall()``, adopting transformers-loaded code, the model_type guard and the
-vLLM plugin.
+"""``install()``/``uninstall()``, adopting transformers-loaded code, the model_type guard, the
+vLLM plugin and the switch of ``codeferry exec`` (``switch``; ``boot/`` is the folder it puts
+on ``PYTHONPATH``, not a package).
 
 These answer transformers for the models ``load`` loaded, so ``load`` must reach them without
 importing them (an import that ran back up, and the circles it made, is what this layout

@@ -59,7 +59,8 @@ from ..errors import CodeferryError, LockMismatchError, ModelNotFoundError
 if TYPE_CHECKING:
     from .._code.lockfile import Lock
 
-__all__ = ["install", "uninstall", "adopt_module", "answer_for_loaded", "install_for_engine", "on_load"]
+__all__ = ["install", "uninstall", "adopt_module", "answer_for_loaded", "install_for_engine",
+           "install_while_importing", "on_load"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ _engine_lock: Lock | None = None
 _error_log: logging.Logger | None = None
 _logged: set[tuple[str, str]] = set()  # (reference, error): said once per process
 _loaded_roots: set[str] = set()  # load(): answer for these model folders only
+_generation_pending = False  # install_while_importing(): the generate() hook waits
 
 
 def _unit_files(folder: Path) -> dict[str, bytes]:
@@ -183,6 +185,8 @@ def _hooked(original: Any) -> Any:
     def get_class_from_dynamic_module(
         class_reference: str, pretrained_model_name_or_path: Any, *args: Any, **kwargs: Any
     ) -> Any:
+        if _generation_pending:
+            _generation_hook()
         found = None
         try:
             if not args:  # positional cache_dir and friends: leave such calls alone
@@ -203,28 +207,49 @@ def _hooked(original: Any) -> Any:
     return get_class_from_dynamic_module
 
 
-def _hook() -> None:
-    """Route ``get_class_from_dynamic_module`` through codeferry, wherever it was imported."""
-    import transformers.dynamic_module_utils as dmu
+def _generation_hook() -> None:
+    """transformers' own remote path gets ``GenerationMixin`` as codeferry gives it."""
+    global _generation_pending
+    with _lock:
+        _transformers.install_generation_mixin_hook()
+        _generation_pending = False
+
+
+def _hook(dmu: Any = None, *, generation: bool = True) -> None:
+    """Route ``get_class_from_dynamic_module`` through codeferry, wherever it was imported.
+
+    ``dmu``: ``transformers.dynamic_module_utils`` while it is being imported (its package
+    does not hold it yet). ``generation=False`` leaves the ``generate()`` hook to the first
+    remote class asked for: it imports the Auto classes, which may be half imported now.
+    """
+    global _generation_pending
+    if dmu is None:
+        import transformers.dynamic_module_utils as dmu
 
     with _lock:
-        if patches.patched(dmu, "get_class_from_dynamic_module"):
-            return
-        # The Auto classes (and vLLM, pipelines) bind the name at their import: replace it
-        # in every module already imported; modules imported later take dmu's.
-        patches.patch(dmu, "get_class_from_dynamic_module",
-                      _hooked(dmu.get_class_from_dynamic_module), everywhere=True)
-        original_in_module = patches.original(dmu, "get_class_in_module")
+        if not patches.patched(dmu, "get_class_from_dynamic_module"):
+            _patch_dynamic_modules(dmu)
+        if generation:
+            _generation_hook()
+        else:
+            _generation_pending = True
 
-        def get_class_in_module(class_name: str, module_path: Any, **kwargs: Any) -> Any:
-            cls = original_in_module(class_name, module_path, **kwargs)
-            module = sys.modules.get(getattr(cls, "__module__", ""))
-            if module is not None:
-                adopt_module(module)
-            return cls
 
-        patches.patch(dmu, "get_class_in_module", get_class_in_module)
-        _transformers.install_generation_mixin_hook()
+def _patch_dynamic_modules(dmu: Any) -> None:
+    # The Auto classes (and vLLM, pipelines) bind the name at their import: replace it
+    # in every module already imported; modules imported later take dmu's.
+    patches.patch(dmu, "get_class_from_dynamic_module",
+                  _hooked(dmu.get_class_from_dynamic_module), everywhere=True)
+    original_in_module = patches.original(dmu, "get_class_in_module")
+
+    def get_class_in_module(class_name: str, module_path: Any, **kwargs: Any) -> Any:
+        cls = original_in_module(class_name, module_path, **kwargs)
+        module = sys.modules.get(getattr(cls, "__module__", ""))
+        if module is not None:
+            adopt_module(module)
+        return cls
+
+    patches.patch(dmu, "get_class_in_module", get_class_in_module)
 
 
 def on_load(event: _api.Loaded) -> None:
@@ -252,11 +277,15 @@ def install() -> None:
     Idempotent; ``uninstall()`` undoes it. Remote modules that plain transformers loaded
     (before, or for models codeferry cannot locate) are adopted so they travel too.
     """
+    _install()
+
+
+def _install(dmu: Any = None, *, generation: bool = True) -> None:
     global _installed
     _loader.install_finder()  # what importing codeferry leaves alone, install() installs
     _pickling.install_cloudpickle_support()
     with _lock:
-        _hook()
+        _hook(dmu, generation=generation)
         _installed = True
     for mod in list(sys.modules.values()):
         if mod is not None and getattr(mod, "__name__", "").startswith(_PREFIX):
@@ -280,12 +309,26 @@ def install_for_engine(lock: Lock | None = None, *, log: logging.Logger = logger
     install()
 
 
+def install_while_importing(dmu: Any, lock: Lock | None, *, log: logging.Logger = logger) -> None:
+    """``install()`` (``install_for_engine(lock)`` with a lock) from inside the import of
+    transformers' ``dynamic_module_utils``, the module ``dmu`` that has just executed (the
+    boot of ``codeferry exec``): everything but the ``generate()`` hook now, that one at the
+    first remote class asked for (the modules it patches may be half imported now)."""
+    global _engine_lock, _error_log
+    with _lock:
+        if lock is not None:
+            _engine_lock = lock
+            _error_log = log
+    _install(dmu, generation=False)
+
+
 def uninstall() -> None:
     """Give transformers every function codeferry patched back (classes already loaded stay;
     a later ``load`` patches what it needs again)."""
-    global _installed, _engine_lock, _error_log
+    global _installed, _engine_lock, _error_log, _generation_pending
     with _lock:
         _installed = False
+        _generation_pending = False
         _engine_lock = None
         _error_log = None
         _loaded_roots.clear()

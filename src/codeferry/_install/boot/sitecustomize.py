@@ -1,0 +1,112 @@
+"""codeferry's boot: the ``sitecustomize`` of processes started by ``codeferry exec``.
+
+Python imports the first ``sitecustomize`` on its path when it starts (the ``site`` module;
+not under ``python -S`` or ``-I``, and ``-E`` ignores ``PYTHONPATH``). ``codeferry exec``
+puts this file's folder first on ``PYTHONPATH``, so this one is found. It
+
+1. reads ``CODEFERRY_INSTALL`` through codeferry's settings module, loaded from its file
+   alone (the package would cost every process its imports); off: nothing more happens
+   here but step 3;
+2. on: puts a finder on ``sys.meta_path`` that reacts to one module only,
+   ``transformers.dynamic_module_utils``: right after it executes, codeferry is imported
+   and routes it (``codeferry._install.switch.route``, what ``install()`` does);
+3. runs the ``sitecustomize`` this folder hides (the next one on the path, such as a
+   user's or the distribution's), which then stands as ``sitecustomize`` in
+   ``sys.modules``, as it would without codeferry.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import sys
+
+TYPE_CHECKING = False  # not typing's: every process imports this file, typing costs it
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from types import ModuleType
+    from typing import Any
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_WATCHED = "transformers.dynamic_module_utils"
+
+
+def _switch_on() -> bool:
+    """``CODEFERRY_INSTALL``, as ``codeferry._settings`` reads it (its file alone, under a
+    name of its own, in ``sys.modules`` only while it executes: dataclasses looks there)."""
+    name = "_codeferry_boot_settings"
+    path = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "_settings.py")
+    loader = importlib.machinery.SourceFileLoader(name, path)
+    settings = type(sys)(name)
+    settings.__file__ = path
+    sys.modules[name] = settings
+    try:
+        loader.exec_module(settings)
+    finally:
+        del sys.modules[name]
+    return bool(settings.install_switch())
+
+
+def _route(module: ModuleType) -> None:
+    try:
+        from codeferry._install.switch import route
+    except ImportError as exc:
+        raise ImportError(
+            f"CODEFERRY_INSTALL is on and codeferry's boot folder ({_HERE}) is on PYTHONPATH, "
+            f"but this interpreter ({sys.executable}) cannot import codeferry: install "
+            "codeferry here, or take the folder off PYTHONPATH (and unset CODEFERRY_INSTALL)"
+        ) from exc
+    route(module)
+
+
+class _Watch:
+    """A finder for ``transformers.dynamic_module_utils`` only: the spec the other finders
+    give, whose loader routes the module through codeferry once it has executed."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != _WATCHED:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec: importlib.machinery.ModuleSpec | None = find(fullname, path, target)
+            if spec is None:
+                continue
+            loader: Any = spec.loader
+            if loader is not None and hasattr(loader, "exec_module"):
+                original = loader.exec_module
+
+                def exec_module(module: ModuleType, original: Any = original) -> None:
+                    original(module)
+                    _route(module)
+
+                loader.exec_module = exec_module
+            return spec
+        return None
+
+
+def _chain() -> None:
+    """Run the ``sitecustomize`` that Python would have run without this folder."""
+    path = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    if spec is None or spec.loader is None:
+        return
+    from importlib.util import module_from_spec
+
+    mine = sys.modules.get(__name__)
+    module = module_from_spec(spec)
+    sys.modules["sitecustomize"] = module  # what `import sitecustomize` gives from now on
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        if mine is not None:
+            sys.modules["sitecustomize"] = mine
+        raise
+
+
+if _switch_on() and not any(isinstance(f, _Watch) for f in sys.meta_path):
+    sys.meta_path.insert(0, _Watch())
+_chain()
