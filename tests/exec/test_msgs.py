@@ -117,7 +117,9 @@ def test_the_cli_shows_the_last_frames_of_the_workers_traceback(
     assert lines[0].startswith("codeferry: the worker's traceback")
     assert any("modeling_noisy.py" in line and "_probe_the_gpu" in line for line in lines)
     assert "AssertionError: Torch not compiled with CUDA enabled (from the test)" in lines
-    assert lines[-1].startswith("codeferry: error: worker 0 could not start")
+    # the error, then (no worker could start: the machine's fault) the command that resumes
+    assert lines[-2].startswith("codeferry: error: worker 0 could not start")
+    assert lines[-1].startswith("codeferry: to resume, run: codeferry run ")
     assert sum(line.startswith('  File "') for line in lines) <= 3  # the last frames only
     # --debug prints the whole chain instead (the worker's traceback included), once.
     code, _, err = run_cli(capsys, "run", str(path), "--input", str(prompts), "--trust-remote-code",
