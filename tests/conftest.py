@@ -70,7 +70,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="also run the long forms of the stress tests (marked slow)")
 
 
-#: Under pytest-xdist (``-n 2`` in pyproject's addopts) a file's tests run on one worker, so
+#: Under pytest-xdist (``-n 3`` in pyproject's addopts) a file's tests run on one worker, so
 #: module fixtures are made once; these files share a worker too (one Ray instance at a time
 #: on the machine). The longest files start first, so that the workers finish together.
 _SHARED_SCOPE = {"exec/test_ray_cluster.py": "ray", "exec/test_ray.py": "ray"}
