@@ -58,6 +58,12 @@ def manifest_token(manifest: Mapping[str, object]) -> str:
     return hashlib.sha256(text).hexdigest()[:TOKEN_LENGTH]
 
 
+def text_digest(text: str) -> str:
+    """A short digest of one input's text (16 hex digits of its UTF-8 sha256): what a run's
+    record keeps per id, to notice an input edited under the same id."""
+    return file_sha256(text.encode("utf-8"))[:16]
+
+
 def unit_digest(files: Mapping[str, bytes]) -> str:
     """The digest of one unit from its files (path -> bytes)."""
     return unit_digest_of({path: file_sha256(data) for path, data in files.items()})

@@ -24,7 +24,6 @@ differs in ``earlier``. So one output never silently mixes producers or inputs.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 from collections.abc import Sequence
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _settings
+from .._code.digest import text_digest
 from .._code.resolve import Bundle
 from ..errors import (
     InputChangedError,
@@ -73,8 +73,7 @@ def _key(ident: Id) -> str:
 
 def input_digests(items: Sequence[InputItem]) -> dict[str, str]:
     """Each input's id (as JSON) -> the first 16 hex digits of the sha256 of its request."""
-    return {_key(item.id): hashlib.sha256(item.text.encode("utf-8")).hexdigest()[:16]
-            for item in items}
+    return {_key(item.id): text_digest(item.text) for item in items}
 
 
 def _flat(producer: dict[str, Any]) -> dict[str, Any]:

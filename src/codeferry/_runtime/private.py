@@ -8,7 +8,7 @@ file" after the check reads the checked bytes. Layout::
       .alive                                    flock held while the process (or a fork) lives
       <unit token>/...                          a unit's files (0400), folders 0500
 
-The temporary folder is held to the store's permission rule (``store._foreign_access``):
+The temporary folder is held to the store's permission rule (``store.foreign_access``):
 it, and every folder above it, must be ours or root's, and writable by nobody else unless
 it has the sticky bit (``/tmp``). In a folder that others can write without the sticky
 bit, another user could rename our folder away and put one of theirs, with other bytes,
@@ -32,7 +32,7 @@ import warnings
 from pathlib import Path
 
 from ..errors import StorePermissionError, StoreUnavailableError
-from .store import Unit, _foreign_access, _user
+from .store import Unit, foreign_access, user_name
 
 __all__ = ["verified_dir"]
 
@@ -70,7 +70,7 @@ def _check_temp(base: str) -> None:
             st = os.stat(folder)
         except OSError:
             continue  # mkdtemp fails below, with its own error
-        why = _foreign_access(st, sticky_ok=True)
+        why = foreign_access(st, sticky_ok=True)
         if why is None:
             continue
         if "writable" in why:
@@ -78,7 +78,7 @@ def _check_temp(base: str) -> None:
         fix = ("point TMPDIR at a folder only you can write (e.g. `mkdir -m 700 ~/tmp && "
                "export TMPDIR=~/tmp`), or unset it to use the system's /tmp")
         if st.st_uid not in (os.geteuid(), 0):
-            fix += f", or run as {_user(st.st_uid)}"
+            fix += f", or run as {user_name(st.st_uid)}"
         raise StorePermissionError(
             f"the temporary folder {base} that codeferry keeps this process's private copy "
             f"of the checked code in is not safe: {folder} {why}, so another user could "

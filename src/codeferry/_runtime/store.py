@@ -40,7 +40,7 @@ from .._code.digest import file_sha256, token_of, unit_digest_of
 from .._code.unit import Unit
 from ..errors import StorePermissionError, StoreUnavailableError
 
-__all__ = ["Unit", "store_root", "read_unit", "write_unit"]
+__all__ = ["Unit", "foreign_access", "read_unit", "store_root", "user_name", "write_unit"]
 
 _DIR_MODE = 0o700
 _FILE_MODE = 0o600
@@ -65,7 +65,7 @@ def _manifest(unit: Unit) -> dict[str, object]:
 # -- permissions -------------------------------------------------------------------------
 
 
-def _user(uid: int) -> str:
+def user_name(uid: int) -> str:
     try:
         import pwd
 
@@ -88,14 +88,14 @@ def _group_is_ours(gid: int) -> bool:
         return False
 
 
-def _foreign_access(st: os.stat_result, *, sticky_ok: bool) -> str | None:
+def foreign_access(st: os.stat_result, *, sticky_ok: bool) -> str | None:
     """Why another user could write through ``st`` (``None``: nobody but us and root).
 
     ``sticky_ok``: a folder above the store may be shared if it has the sticky bit
     (``/tmp``), where nobody can rename or delete what another user put in it.
     """
     if st.st_uid not in (os.geteuid(), 0):
-        return f"is owned by {_user(st.st_uid)}"
+        return f"is owned by {user_name(st.st_uid)}"
     if stat.S_ISLNK(st.st_mode):
         return None  # a link's own mode bits mean nothing; its target is checked too
     if sticky_ok and st.st_mode & stat.S_ISVTX:
@@ -134,13 +134,13 @@ def _check_path(path: Path, what: str, digest: str | None = None) -> bool:
         st = os.lstat(path)
     except (FileNotFoundError, NotADirectoryError):
         return False
-    why = _foreign_access(st, sticky_ok=False)
+    why = foreign_access(st, sticky_ok=False)
     if why is None and stat.S_ISLNK(st.st_mode):
         try:
             st = os.stat(path)
         except OSError:
             return False  # dangling: reads fail and the entry counts as broken
-        why = _foreign_access(st, sticky_ok=False)
+        why = foreign_access(st, sticky_ok=False)
     if why is not None:
         raise _refuse(path, st, why, what, digest)
     return True
@@ -162,7 +162,7 @@ def _check_home(root: Path) -> bool:
             st = os.stat(folder)
         except OSError:
             continue
-        why = _foreign_access(st, sticky_ok=True)
+        why = foreign_access(st, sticky_ok=True)
         if why is not None:
             raise _refuse(folder, st, why + " (without the sticky bit)" if "writable" in why
                           else why, "parent folder")
