@@ -752,3 +752,27 @@ class CommandNotRunError(CodeferryError, OSError):
 
 
 __all__ += ["CommandNotRunError"]
+
+
+# -- doors: every way transformers executes a repo's Python ------------------------------
+
+
+class UnlockedCodeError(CodeferryError):
+    """A lock binds this process, and transformers was about to execute a module whose bytes
+    are not locked bytes (``path``: the file; ``door``: the way in, such as
+    ``custom_generate``). Nothing of it ran. Deliberately not an ``OSError``: transformers
+    reads an ``OSError`` at some doors (``custom_generate`` in ``from_pretrained``) as "no
+    such file" and goes on silently, and a refusal under a lock must be heard."""
+
+    def __init__(self, message: str, *, door: str = "", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.door = door
+
+
+class PluginDisabledUnderLockError(CodeferryError, RuntimeError):
+    """``CODEFERRY_LOCK`` is set, but codeferry's vLLM plugin is switched off
+    (``CODEFERRY_VLLM_PLUGIN=0``): the lock would bind nothing, so the process refuses to
+    start instead of running unchecked code."""
+
+
+__all__ += ["UnlockedCodeError", "PluginDisabledUnderLockError"]

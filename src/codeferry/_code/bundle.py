@@ -19,7 +19,17 @@ from .automap import ClassRef, qualified
 from .requirements import Requirement
 from .source import ModelOrigin
 
-__all__ = ["FileEntry", "Module", "RepoScan", "Bundle", "ref_scope"]
+__all__ = ["Door", "FileEntry", "Module", "RepoScan", "Bundle", "ref_scope"]
+
+
+@dataclass(frozen=True)
+class Door:
+    """A way besides ``auto_map`` by which transformers executes a file of the model
+    (``name``: ``"custom_generate"``), the file (``path``) and the line it takes code from."""
+
+    name: str
+    path: str
+    line: int
 
 
 @dataclass(frozen=True)
@@ -87,6 +97,9 @@ class Bundle:
     scopes: tuple[frozenset[str], ...] = ()
     #: child module -> parent package: an order constraint, not an import (not an edge).
     parents: tuple[tuple[str, str], ...] = ()
+    #: The model's files that transformers executes through a door other than ``auto_map``
+    #: (their modules and imports are in ``files``/``modules`` like any other code).
+    doors: tuple[Door, ...] = ()
 
     @property
     def blocking(self) -> tuple[CodeferryError, ...]:
@@ -152,6 +165,7 @@ class Bundle:
             "edges": [{"importer": a, "imported": b, "deferred": d} for a, b, d in self.edges],
             "pins": dict(self.pins),
             "requirements": [r.to_json() for r in self.requirements],
+            "doors": [{"door": d.name, "path": d.path, "line": d.line} for d in self.doors],
             "problems": [p.to_dict() for p in self.problems],
         }
 

@@ -38,7 +38,7 @@ from ..errors import (
 from . import graph as _graph
 from . import hub as _hub
 from .automap import AUTO_MAP_FILES, ClassRef, parse_auto_maps, qualified
-from .bundle import Bundle, FileEntry
+from .bundle import Bundle, Door, FileEntry
 from .digest import bundle_digest, file_sha256
 from .requirements import check_transformers_names, collect_requirements, missing_packages
 from .source import ModelOrigin, read_bytes
@@ -124,7 +124,7 @@ def resolve(
     Raises a ``codeferry.errors`` error for input that cannot be analysed at all;
     everything else is reported in ``Bundle.problems``.
     """
-    origin, refs, walker = _walk(model, revision, cache_dir, token, local_files_only, fetch)
+    origin, refs, walker, doors = _walk(model, revision, cache_dir, token, local_files_only, fetch)
     modules = [m for unit in walker.units.values() for m in unit.modules.values()]
     names = [m.qualified for m in modules]
     eager = [(a, b) for a, b, deferred in walker.edges if not deferred]
@@ -208,6 +208,7 @@ def resolve(
         closures=closures,
         scopes=tuple(walker.scopes),
         parents=tuple(parents),
+        doors=tuple(Door(name, path, line) for name, path, line in doors),
     )
 
 
@@ -215,7 +216,7 @@ def _walk(
     model: str | os.PathLike[str], revision: str | None,
     cache_dir: str | os.PathLike[str] | None, token: str | bool | None,
     local_files_only: bool | None, fetch: _hub.Need,
-) -> tuple[ModelOrigin, list[ClassRef], Walker]:
+) -> tuple[ModelOrigin, list[ClassRef], Walker, list[tuple[str, str, int]]]:
     """Phases 1 and 2. A hub snapshot whose code imports files it lacks (what plain
     transformers leaves when it fails on a sub-package) is completed once, then walked again;
     offline that is a ``ModelNotCachedError`` naming the files (``_hub.complete``)."""
@@ -230,6 +231,7 @@ def _walk(
         walker = Walker(origin, cache, token, local_files_only)
         for ref in refs:
             walker.add_class(ref)
+        doors = walker.add_doors()
         gaps = [] if last else [(repo, where, files)
                                 for repo, where, files in walker.snapshot_gaps()
                                 if repo is not None or not folder]
@@ -239,7 +241,7 @@ def _walk(
                    for repo, where, files in gaps]
         if not any(fetched):
             break
-    return origin, refs, walker
+    return origin, refs, walker, doors
 
 
 def _closures(

@@ -36,10 +36,19 @@ from .automap import ClassRef, qualified
 from .bundle import Module, RepoScan, ref_scope
 from .source import WEIGHT_SUFFIXES, ModelOrigin, list_files, read_bytes
 
-__all__ = ["LFS_HEADER", "Walker"]
+__all__ = ["DOORS", "LFS_HEADER", "Walker"]
 
 #: The first line of a Git LFS pointer file: a file that was never downloaded.
 LFS_HEADER = b"version https://git-lfs.github.com/spec/v1"
+
+#: Doors besides ``auto_map`` through which transformers executes a repo's Python, as
+#: (door, the module file it executes, the data files it reads beside it). transformers'
+#: ``load_custom_generate`` runs ``custom_generate/generate.py`` (and what it imports
+#: relatively) in ``from_pretrained`` and in ``generate(custom_generate=...)``, after
+#: checking ``custom_generate/requirements.txt``; code it runs is code the lock must list.
+DOORS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("custom_generate", "custom_generate/generate.py", ("custom_generate/requirements.txt",)),
+)
 
 
 def _display(unit: RepoScan, rel: str) -> str:
@@ -76,6 +85,14 @@ def _needed_file(module: Module, imp: _graph.RelativeImport, missing: str) -> st
     target = ".".join(base + (imp.module.split(".") if imp.module else []))
     whole = target if imp.module and (target + ".").startswith(missing + ".") else missing
     return whole.replace(".", "/") + ".py"
+
+
+def _def_line(data: bytes, name: str) -> int:
+    """The line of the top-level ``def name`` in ``data`` (1 when there is none)."""
+    for number, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+        if line.startswith((f"def {name}(", f"async def {name}(", f"{name} =")):
+            return number
+    return 1
 
 
 class Walker:
@@ -286,6 +303,27 @@ class Walker:
                     # fenced, size-checked, and the bytes that get hashed: read once
                     unit.asset_data[candidate] = read_bytes(unit.origin, candidate, asset=True)
                     unit.assets.add(candidate)
+
+    # -- doors ------------------------------------------------------------------------
+
+    def add_doors(self) -> list[tuple[str, str, int]]:
+        """Walk the model's own files that a door other than ``auto_map`` executes, as
+        ``add_class`` walks a class's module; ``(door, path, line)`` of each one found (the
+        line of the function transformers takes from it, else 1)."""
+        found: list[tuple[str, str, int]] = []
+        unit = self.main
+        for door, rel, data_files in DOORS:
+            if rel not in unit.files:
+                continue
+            name = rel.removesuffix(".py").replace("/", ".")
+            self.add_module(unit, name, where=_display(unit, rel), line=1)
+            self.drain()
+            for extra in data_files:
+                if extra in unit.files and extra not in unit.assets:
+                    unit.asset_data[extra] = read_bytes(unit.origin, extra, asset=True)
+                    unit.assets.add(extra)
+            found.append((door, rel, _def_line(unit.contents.get(rel, b""), "generate")))
+        return found
 
     # -- classes ----------------------------------------------------------------------
 

@@ -59,6 +59,11 @@ def render_report(bundle: Bundle) -> str:
         for key, shown, state in rows:
             out.append(f"    {key:<{width}}  {shown:<{shown_width}}  {state}")
 
+    if bundle.doors:  # code transformers runs besides auto_map: the lock covers it too
+        out.append("doors (code transformers also runs)")
+        for door in bundle.doors:
+            out.append(f"  {door.name}  {src.root / door.path}:{door.line}")
+
     total = sum(f.size for f in bundle.files)
     out.append(f"files ({len(bundle.files)}, {_size(total)})")
     width = max((len(f.path) + (len(f.repo) + 2 if f.repo else 0) for f in bundle.files), default=0)
