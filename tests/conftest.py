@@ -186,4 +186,5 @@ def _unlocked_process() -> Iterator[None]:
     yield
     with _policy._lock:
         _policy._allowed.clear()
+        _policy._files.clear()
         _policy._locked = False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ from ._code.resolve import Bundle
 from ._hf import classes as _transformers
 from ._runtime import loader as _loader
 from ._runtime import pickling as _pickling
-from ._trust.decide import code_changed, record
+from ._trust.decide import code_changed, decide_door, record
 from ._trust.options import ModelOptions
 from .errors import (
     CodeferryError,
@@ -27,7 +28,8 @@ from .errors import (
     RemoteCodeExecutionError,
 )
 
-__all__ = ["load", "load_pinned", "load_with", "LoadResult", "Loaded", "after_load", "class_key"]
+__all__ = ["load", "load_door", "load_pinned", "load_with", "LoadResult", "Loaded", "after_load",
+           "class_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -251,6 +253,37 @@ def load_with(
         for callback in list(_after_load):
             callback(event)
     return LoadResult(result, failed)
+
+
+def load_door(model: str | os.PathLike[str], path: str, options: ModelOptions) -> types.ModuleType:
+    """Execute the module at ``path`` of ``model`` (``custom_generate/generate.py``: a door
+    transformers runs besides ``auto_map``) from the resolved, verified bytes, under the same
+    decision as ``load``: ``options.trust_remote_code``, or ``options.lock``, or a lock this
+    process used before. Raises what refuses it (``TrustRequiredError``, ``LockMismatchError``)
+    before anything of it runs."""
+    _loader.install_finder()
+    _pickling.install_cloudpickle_support()
+    bundle = options.resolve_code(model, requirements=False)
+    lock = options.lock
+    decision = decide_door(bundle, trust_remote_code=options.trust_remote_code,
+                           lock=lock if isinstance(lock, Lock) or lock is None else None)
+    name = path.removesuffix(".py").replace("/", ".")
+    top = name.split(".", 1)[0]  # the door's folder: what its module imports lives there
+    for index, problem in enumerate(bundle.problems):
+        scope = bundle.scopes[index] if index < len(bundle.scopes) else frozenset()
+        if problem.blocking and (not scope or any(s == top or s.startswith(top + ".")
+                                                  for s in scope)):
+            raise problem
+    units = _loader.units_of(bundle)
+    if decision is not None:
+        record(decision, units.values())
+    with _lock:
+        registration = _loader.register(units[None])
+        registration.verified_dir()
+        try:
+            return _loader.import_module(registration, name)
+        except Exception as exc:  # noqa: BLE001 - model code may raise anything
+            raise _execution_error(exc, registration, name, bundle, None) from exc
 
 
 def _needs_config(

@@ -266,4 +266,8 @@ def read_lock(path: str | os.PathLike[str]) -> Lock:
     except UnicodeDecodeError:
         raise LockFormatError(f"lock file {file} is not UTF-8 text.", path=str(file),
                               fix="regenerate it: `codeferry lock MODEL -o FILE`.") from None
+    except OSError as exc:  # a folder, no permission: a lock that cannot be read binds nothing
+        raise LockFormatError(f"lock file {file} cannot be read ({exc.strerror or exc}).",
+                              path=str(file), fix="make it a readable file, or create it: "
+                              "`codeferry lock MODEL -o FILE`.") from None
     return Lock.loads(text, read_from=str(file))

@@ -1,9 +1,11 @@
 """Every change codeferry makes to transformers' namespaces, in one registry.
 
-codeferry answers transformers at five places: ``get_class_from_dynamic_module`` and
-``get_class_in_module`` (remote classes, ``install()``), ``custom_object_save`` (saving a
-loaded model's code), ``add_generation_mixin_to_remote_model`` (``generate()`` on old remote
-heads) and ``AutoConfig.from_pretrained`` (one ``model_type``, many models). Each patch is
+codeferry answers transformers at six places: ``get_class_from_dynamic_module`` and
+``get_class_in_module`` (remote classes, ``install()``; the second is also the gate every
+door ends in, ``_install.gate``), ``GenerationMixin.load_custom_generate`` (the
+``custom_generate`` door), ``custom_object_save`` (saving a loaded model's code),
+``add_generation_mixin_to_remote_model`` (``generate()`` on old remote heads) and
+``AutoConfig.from_pretrained`` (one ``model_type``, many models). Each patch is
 made here, with its original recorded, so that:
 
 * a patch is made once per process however often it is asked for (``patch`` is idempotent);

@@ -53,8 +53,9 @@ from .._hf import classes as _transformers
 from .._hf import patches
 from .._runtime import loader as _loader
 from .._runtime import pickling as _pickling
-from .._trust.decide import transformers_ran
+from .._trust.decide import locked_files, transformers_ran
 from ..errors import CodeferryError, LockMismatchError, ModelNotFoundError
+from . import gate as _gate
 
 if TYPE_CHECKING:
     from .._code.lockfile import Lock
@@ -212,6 +213,7 @@ def _generation_hook() -> None:
     global _generation_pending
     with _lock:
         _transformers.install_generation_mixin_hook()
+        _gate.install_custom_generate(lambda: _engine_lock)
         _generation_pending = False
 
 
@@ -243,6 +245,16 @@ def _patch_dynamic_modules(dmu: Any) -> None:
     original_in_module = patches.original(dmu, "get_class_in_module")
 
     def get_class_in_module(class_name: str, module_path: Any, **kwargs: Any) -> Any:
+        # The gate every door ends in (auto_map, custom_generate, whatever transformers
+        # adds): under a lock, only locked bytes execute.
+        allowed = locked_files(_engine_lock)
+        if allowed is not None:
+            where = _engine_lock.read_from if _engine_lock is not None else None
+            try:
+                _gate.check_module(module_path, dmu, allowed, where=where)
+            except CodeferryError as exc:
+                _log_error(class_name, module_path, exc)
+                raise
         cls = original_in_module(class_name, module_path, **kwargs)
         module = sys.modules.get(getattr(cls, "__module__", ""))
         if module is not None:

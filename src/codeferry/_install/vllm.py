@@ -10,7 +10,10 @@ codeferry installed in vLLM's environment every vLLM process loads remote code t
 codeferry's resolver and loader (sub-package helpers, ``from . import x``, one config
 class, verified bytes) with nothing to change in the user's script.
 
-- It is on whenever codeferry is installed; ``CODEFERRY_VLLM_PLUGIN=0`` switches it off.
+- It is on whenever codeferry is installed; ``CODEFERRY_VLLM_PLUGIN=0`` switches it off,
+  except under ``CODEFERRY_LOCK``: a lock nobody enforces would bind nothing, so
+  ``register()`` then logs at error level and raises ``PluginDisabledUnderLockError`` (vLLM
+  calls its general plugins without catching: the process does not start).
 - It decides no trust: vLLM passes ``trust_remote_code`` to transformers, which calls the
   hooked function only after its own check passed; models without remote code never
   reach it, and models codeferry cannot locate go on to transformers as before.
@@ -28,6 +31,7 @@ from __future__ import annotations
 import logging
 
 from .. import _settings
+from ..errors import CodeferryError, PluginDisabledUnderLockError
 
 __all__ = ["register"]
 
@@ -35,11 +39,24 @@ __all__ = ["register"]
 def register() -> None:
     """vLLM's entry point: route transformers' remote-code loading through codeferry.
 
-    Runs in each vLLM process (driver, EngineCore, workers); idempotent. A lock file named
-    by ``CODEFERRY_LOCK`` that cannot be read raises ``LockFormatError``: with a lock asked
-    for, nothing runs unchecked.
+    Runs in each vLLM process (driver, EngineCore, workers); idempotent. With a lock asked
+    for (``CODEFERRY_LOCK``) nothing runs unchecked: a lock file that is missing or cannot be
+    read raises ``LockFormatError``, and the plugin switched off raises
+    ``PluginDisabledUnderLockError``, each logged at error level first.
     """
+    log = logging.getLogger("vllm.codeferry")
     if not _settings.vllm_plugin_enabled():
+        if _settings.lock_file():
+            error = PluginDisabledUnderLockError(
+                f"CODEFERRY_LOCK={_settings.lock_file()} asks every vLLM process to run only "
+                "locked code, but CODEFERRY_VLLM_PLUGIN=0 switches off the plugin that enforces "
+                "it; this process refuses to start rather than run unchecked code.",
+                path=_settings.lock_file(),
+                fix="unset CODEFERRY_VLLM_PLUGIN (the lock is then enforced), or unset "
+                "CODEFERRY_LOCK to run without a lock.",
+            )
+            log.error("codeferry: %s", error)
+            raise error
         return
     try:
         import transformers.dynamic_module_utils  # noqa: F401
@@ -48,6 +65,10 @@ def register() -> None:
     from .._trust.decide import environment_lock
     from .adopt import install_for_engine
 
-    lock = environment_lock()
+    try:
+        lock = environment_lock()
+    except CodeferryError as exc:
+        log.error("codeferry: %s", exc)
+        raise
     # a child of vLLM's logger: the error reads like vLLM's own lines, in every process
-    install_for_engine(lock, log=logging.getLogger("vllm.codeferry"))
+    install_for_engine(lock, log=log)

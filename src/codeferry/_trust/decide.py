@@ -43,8 +43,8 @@ from ..errors import CodeChangedError, TrustRequiredError
 from . import policy as _policy
 
 __all__ = [
-    "DEMO_DIGEST", "Decision", "caller_trusts", "code_changed", "decide", "environment_lock",
-    "record", "transformers_ran", "trust_error",
+    "DEMO_DIGEST", "Decision", "caller_trusts", "code_changed", "decide", "decide_door",
+    "environment_lock", "locked_files", "record", "transformers_ran", "trust_error",
 ]
 
 #: Digest of the code of the bundled demo model (``codeferry/demo``), the only remote code
@@ -81,9 +81,38 @@ def decide(
     raise trust_error(bundle)
 
 
+def decide_door(bundle: Bundle, *, trust_remote_code: bool, lock: Lock | None) -> Decision | None:
+    """The decision for code transformers runs through a door other than ``auto_map``
+    (``custom_generate``), which codeferry executes in its place.
+
+    ``lock`` (an engine's ``CODEFERRY_LOCK``): rule 1, whatever the caller's trust says. A
+    lock this process used before (``load(..., lock=...)``) binds it too: ``None`` is
+    returned, nothing is recorded, and registering the code refuses any unit no lock of
+    this process lists (a library's ``trust_remote_code=True`` changes nothing). Otherwise
+    rules 2 and 4: the caller's ``trust_remote_code``, the same on every transformers
+    release (4.x ran a local ``custom_generate/`` without it).
+    """
+    if lock is not None:
+        return decide(bundle, lock=lock)
+    if _policy.locked_files() is not None:
+        return None
+    return decide(bundle, trust_remote_code=trust_remote_code)
+
+
+def locked_files(lock: Lock | None = None) -> frozenset[tuple[str, str]] | None:
+    """``(path, sha256)`` of every file the locks that bind this process list (``lock``: an
+    engine's, and any ``load(..., lock=...)`` used here), or ``None`` when none binds it."""
+    used = _policy.locked_files()
+    if lock is None:
+        return used
+    return frozenset({(f.path, f.sha256) for f in lock.files} | (used or set()))
+
+
 def record(decision: Decision, units: Iterable[Unit]) -> None:
     """Make ``decision`` this process's: ``units`` may run here, and a lock binds it from now on."""
     _policy.allow({u.digest for u in units}, from_lock=decision.lock is not None)
+    if decision.lock is not None:
+        _policy.allow_files({(f.path, f.sha256) for f in decision.lock.files})
 
 
 def transformers_ran(digest: str) -> None:

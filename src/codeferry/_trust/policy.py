@@ -12,11 +12,12 @@ import threading
 
 from ..errors import LockMismatchError
 
-__all__ = ["allow", "check_allowed"]
+__all__ = ["allow", "allow_files", "check_allowed", "locked_files"]
 
 _lock = threading.Lock()
 _allowed: set[str] = set()
 _locked = False
+_files: set[tuple[str, str]] = set()  # (path, sha256) of every file a lock of this process lists
 
 
 def allow(digests: set[str], *, from_lock: bool) -> None:
@@ -25,6 +26,19 @@ def allow(digests: set[str], *, from_lock: bool) -> None:
     with _lock:
         _allowed.update(digests)
         _locked = _locked or from_lock
+
+
+def allow_files(files: set[tuple[str, str]]) -> None:
+    """Record the ``(path, sha256)`` of the files a lock used here lists: what the gate at
+    transformers' own execution of a module (``_install.gate``) compares bytes with."""
+    with _lock:
+        _files.update(files)
+
+
+def locked_files() -> frozenset[tuple[str, str]] | None:
+    """The files some lock of this process lists, or ``None`` while no lock binds it."""
+    with _lock:
+        return frozenset(_files) if _locked else None
 
 
 def check_allowed(digest: str, label: str) -> None:

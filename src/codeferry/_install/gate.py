@@ -1,0 +1,129 @@
+"""The gate at every door: transformers executes no module of a repo that a lock does not list.
+
+transformers runs a repo's Python by more than ``auto_map``: ``custom_generate/generate.py``
+(``load_custom_generate``, called by ``from_pretrained`` and by ``generate(custom_generate=
+"org/repo" or a folder)``) is fetched with ``get_cached_module_file`` and executed with
+``get_class_in_module``, without passing ``get_class_from_dynamic_module``, the function
+``install()`` answers. Every such door ends in ``get_class_in_module``: that is where the
+gate stands (``check_module``). Under a lock (``CODEFERRY_LOCK``, ``load(..., lock=...)``)
+the module file and every file of the module cache it imports relatively must be locked
+bytes (same sha256, same path inside the model); anything else raises
+``UnlockedCodeError`` before a line of it runs, whoever passed ``trust_remote_code=True``.
+
+``custom_generate`` itself (``install_custom_generate``) goes through codeferry like
+``auto_map`` code when codeferry can locate the repo: resolved, decided (``decide_door``:
+the caller's trust, or the lock), executed from the verified bytes. A repo codeferry cannot
+locate goes on to transformers, whose own trust check and this gate then apply.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .. import _load as _api
+from .._code.digest import file_sha256
+from .._code.source import locate
+from .._code.walk import DOORS
+from .._hf import patches
+from .._trust.options import ModelOptions
+from ..errors import LockMismatchError, ModelNotFoundError, UnlockedCodeError
+
+if TYPE_CHECKING:
+    from .._code.lockfile import Lock
+
+__all__ = ["check_module", "door_of", "install_custom_generate"]
+
+_CUSTOM_GENERATE = next(rel for door, rel, _ in DOORS if door == "custom_generate")
+
+
+def door_of(path: str) -> str:
+    """The door a file of transformers' module cache came in by (``auto_map`` by default)."""
+    posix = path.replace(os.sep, "/")
+    for door, rel, _ in DOORS:
+        if posix == rel or posix.endswith("/" + rel):
+            return door
+    return "auto_map"
+
+
+def check_module(module_path: str | os.PathLike[str], dmu: Any,
+                 allowed: frozenset[tuple[str, str]], *, where: str | None) -> None:
+    """Raise ``UnlockedCodeError`` unless ``module_path`` (relative to transformers' module
+    cache, as ``get_class_in_module`` gets it) and every file it imports relatively are
+    files the lock lists, byte for byte. Unreadable is refused too: the gate fails closed."""
+    root = Path(dmu.HF_MODULES_CACHE)
+    module_file = root / module_path
+    door = door_of(str(module_path))
+    by_sha: dict[str, set[str]] = {}
+    for path, sha in allowed:
+        by_sha.setdefault(sha, set()).add(path)
+    try:
+        files = [module_file, *sorted(map(Path, dmu.get_relative_import_files(module_file)))]
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise _refused(module_file, door, where, f"cannot be read ({exc})") from None
+    for file in files:
+        try:
+            sha = file_sha256(file.read_bytes())
+        except OSError as exc:
+            raise _refused(file, door, where, f"cannot be read ({exc})") from None
+        rel = file.as_posix()
+        if not any(rel.endswith("/" + p) for p in by_sha.get(sha, ())):
+            raise _refused(file, door, where, f"(sha256:{sha}) is not a file the lock lists")
+
+
+def _refused(file: Path, door: str, where: str | None, what: str) -> UnlockedCodeError:
+    return UnlockedCodeError(
+        f"transformers was about to execute {file} (door: {door}), which {what}; with a "
+        f"lock in force ({where or 'load(..., lock=...) in this process'}) nothing unlocked "
+        "runs, and none of it ran.",
+        path=str(file), door=door,
+        fix="review the model's code (`codeferry inspect MODEL`, `codeferry audit MODEL`), "
+        "then lock it with every door it has: `codeferry lock MODEL -o FILE`.",
+    )
+
+
+def install_custom_generate(current_lock: Callable[[], Lock | None]) -> None:
+    """Answer transformers' ``load_custom_generate`` with codeferry's loader (idempotent).
+
+    ``current_lock``: the engine's lock at call time (``install_for_engine``), if any.
+    """
+    from transformers.generation.utils import GenerationMixin
+
+    if patches.patched(GenerationMixin, "load_custom_generate"):
+        return
+    original = patches.original(GenerationMixin, "load_custom_generate")
+
+    def load_custom_generate(self: Any, pretrained_model_name_or_path: Any = None,
+                             trust_remote_code: bool | None = None, **kwargs: Any) -> Any:
+        model = pretrained_model_name_or_path
+        revision = kwargs.get("revision")
+        try:
+            origin = locate(model, revision=revision, cache_dir=kwargs.get("cache_dir"))
+        except (ModelNotFoundError, OSError, ValueError, TypeError):
+            # not on this machine: transformers fetches it, checks trust, and the gate
+            # in get_class_in_module checks the bytes under a lock
+            return original(self, model, trust_remote_code=trust_remote_code, **kwargs)
+        if not (origin.root / _CUSTOM_GENERATE).is_file():
+            # transformers' own answer: from_pretrained reads it as "no custom generate"
+            raise OSError(f"`{model}` does not contain a `custom_generate` subdirectory with a "
+                          "`generate.py` file, can't load the custom generate function.")
+        lock = current_lock()
+        options = ModelOptions(revision=revision, cache_dir=kwargs.get("cache_dir"),
+                               token=kwargs.get("token"), local_files_only=True,
+                               trust_remote_code=bool(trust_remote_code), lock=lock)
+        target = origin.root if origin.repo_id is None else model
+        try:
+            module = _api.load_door(target, _CUSTOM_GENERATE, options)
+        except LockMismatchError as exc:
+            # a PermissionError, which from_pretrained takes for "no custom generate"
+            raise UnlockedCodeError(
+                f"{origin.root / _CUSTOM_GENERATE} (door: custom_generate) is not locked code: "
+                f"{exc.message}", path=str(origin.root / _CUSTOM_GENERATE),
+                door="custom_generate", fix=exc.fix,
+            ) from exc
+        return module.generate
+
+    load_custom_generate.__wrapped__ = original  # type: ignore[attr-defined]
+    patches.patch(GenerationMixin, "load_custom_generate", load_custom_generate)
