@@ -282,7 +282,7 @@ def load_door(model: str | os.PathLike[str], path: str, options: ModelOptions) -
         registration.verified_dir()
         try:
             return _loader.import_module(registration, name)
-        except Exception as exc:  # noqa: BLE001 - model code may raise anything
+        except Exception as exc:  # model code may raise anything
             raise _execution_error(exc, registration, name, bundle, None) from exc
 
 

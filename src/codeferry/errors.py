@@ -757,7 +757,7 @@ __all__ += ["CommandNotRunError"]
 # -- doors: every way transformers executes a repo's Python ------------------------------
 
 
-class UnlockedCodeError(CodeferryError):
+class UnlockedCodeError(CodeferryError, RuntimeError):
     """A lock binds this process, and transformers was about to execute a module whose bytes
     are not locked bytes (``path``: the file; ``door``: the way in, such as
     ``custom_generate``). Nothing of it ran. Deliberately not an ``OSError``: transformers

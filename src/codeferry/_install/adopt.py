@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _load as _api
 from .._code.digest import unit_digest
-from .._code.resolve import read_class_refs
+from .._code.resolve import read_class_refs, resolve
 from .._code.source import locate
 from .._code.unit import Unit
 from .._hf import classes as _transformers
@@ -149,7 +149,13 @@ def _answer(
     if key is None:
         return None  # not a class this model's auto_map names: transformers' business
     # transformers asked only after its own trust check passed: that is the decision
-    # (an engine's lock narrows it to exactly the locked code).
+    # (an engine's lock narrows it to exactly the locked code, and so does a lock this
+    # process used in ``load``: a library's hard-coded trust_remote_code=True is no decision).
+    used = locked_files() if _engine_lock is None else None
+    if used is not None:
+        _gate.check_bundle(resolve(origin.root if origin.repo_id is None else model,
+                                   revision=revision, cache_dir=cache_dir, requirements=False),
+                           used, where=None)
     classes = _api.load(origin.root if origin.repo_id is None else model,
                         trust_remote_code=True, revision=revision, classes=[key],
                         cache_dir=cache_dir, lock=_engine_lock)

@@ -32,9 +32,10 @@ from .._trust.options import ModelOptions
 from ..errors import LockMismatchError, ModelNotFoundError, UnlockedCodeError
 
 if TYPE_CHECKING:
+    from .._code.bundle import Bundle
     from .._code.lockfile import Lock
 
-__all__ = ["check_module", "door_of", "install_custom_generate"]
+__all__ = ["check_bundle", "check_module", "door_of", "install_custom_generate"]
 
 _CUSTOM_GENERATE = next(rel for door, rel, _ in DOORS if door == "custom_generate")
 
@@ -73,6 +74,18 @@ def check_module(module_path: str | os.PathLike[str], dmu: Any,
             raise _refused(file, door, where, f"(sha256:{sha}) is not a file the lock lists")
 
 
+def check_bundle(bundle: Bundle, allowed: frozenset[tuple[str, str]], *,
+                 where: str | None) -> None:
+    """Raise ``UnlockedCodeError`` unless every file of ``bundle`` is a locked file: what a
+    process bound by ``load(..., lock=...)`` asks of a model a library then loads with
+    ``trust_remote_code=True`` written into its own code (CVE-2026-27893's pattern)."""
+    for entry in bundle.files:
+        if (entry.path, entry.sha256) not in allowed:
+            door = next((d.name for d in bundle.doors if d.path == entry.path), "auto_map")
+            raise _refused(bundle.origin.root / entry.path, door, where,
+                           f"(sha256:{entry.sha256}) is not a file the lock lists")
+
+
 def _refused(file: Path, door: str, where: str | None, what: str) -> UnlockedCodeError:
     return UnlockedCodeError(
         f"transformers was about to execute {file} (door: {door}), which {what}; with a "
@@ -89,6 +102,7 @@ def install_custom_generate(current_lock: Callable[[], Lock | None]) -> None:
 
     ``current_lock``: the engine's lock at call time (``install_for_engine``), if any.
     """
+    import transformers.dynamic_module_utils as dmu
     from transformers.generation.utils import GenerationMixin
 
     if patches.patched(GenerationMixin, "load_custom_generate"):
@@ -109,6 +123,9 @@ def install_custom_generate(current_lock: Callable[[], Lock | None]) -> None:
             # transformers' own answer: from_pretrained reads it as "no custom generate"
             raise OSError(f"`{model}` does not contain a `custom_generate` subdirectory with a "
                           "`generate.py` file, can't load the custom generate function.")
+        requirements = getattr(dmu, "check_python_requirements", None)
+        if requirements is not None:  # read, never executed: transformers' own check
+            requirements(str(origin.root), requirements_file="custom_generate/requirements.txt")
         lock = current_lock()
         options = ModelOptions(revision=revision, cache_dir=kwargs.get("cache_dir"),
                                token=kwargs.get("token"), local_files_only=True,

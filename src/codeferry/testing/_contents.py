@@ -324,6 +324,14 @@ def model_files(spec: ModelSpec, package: str | None = None) -> dict[str, bytes]
         files[ASSET_FILE] = _json_bytes({"scale": table})
     if spec.big_asset:
         files[BIG_ASSET_FILE] = _big_asset(spec.big_asset, spec.seed)
+    if spec.custom_generate:
+        files["custom_generate/generate.py"] = _render(
+            T.CUSTOM_GENERATE, name=spec.name,
+            marker_imports=T.MARKER_IMPORTS if spec.marker else "",
+            marker_block=_render(T.MARKER_BLOCK, marker=repr(spec.marker)) if spec.marker else "",
+        ).encode("utf-8")
+        files["custom_generate/sampling.py"] = T.CUSTOM_GENERATE_SAMPLING.encode("utf-8")
+        files["custom_generate/requirements.txt"] = b"numpy\n"
     return dict(sorted(files.items()))
 
 

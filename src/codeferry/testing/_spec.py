@@ -63,6 +63,9 @@ class ModelSpec:
             ``tokenizer.json`` of Llama-3. Deterministic JSON, written at call time, never stored.
         marker: absolute path of a file the configuration and modeling modules append a line to
             when imported: proves whether a command executed the model code.
+        custom_generate: ship ``custom_generate/generate.py`` (importing ``.sampling`` beside it)
+            and ``custom_generate/requirements.txt``: the code transformers runs in place of
+            ``generate()``, a door besides ``auto_map``; with ``marker`` it appends a line too.
         generic_names: modules are named ``configuration.py``, ``modeling.py``, ``utils.py``... so
             that two different models share module names.
         hidden_size: width of the model (even, 8 to 64), which keeps the weights tiny.
@@ -82,6 +85,7 @@ class ModelSpec:
     big_asset: int = 0
     marker: str | None = None
     generic_names: bool = False
+    custom_generate: bool = False
     hidden_size: int = 32
     vocab_size: int = 64
     seed: int = 0
@@ -117,7 +121,7 @@ class ModelSpec:
         return "".join(part[:1].upper() + part[1:] for part in self.name.split("_"))
 
 
-#: Every switch at once (but ``marker`` and ``generic_names``): the largest shape the
+#: Every switch at once (but ``marker``, ``generic_names`` and ``custom_generate``): the largest shape the
 #: tests and ``benchmarks/bench_inspect.py`` resolve.
 LARGEST_SPEC = ModelSpec(
     name="big",

@@ -404,3 +404,23 @@ RMS_EPS = 1e-6
 ROPE_BASE = 10000.0
 _NOT_EXPORTED = "a star import does not bring this name"
 '''
+
+
+CUSTOM_GENERATE = '''"""The custom generate of the ``$name`` test model, written by ``codeferry.testing``.
+
+transformers runs this file in place of ``generate()`` (``from_pretrained(...,
+trust_remote_code=True)``, ``generate(custom_generate=...)``): a door besides ``auto_map``.
+"""
+${marker_imports}from .sampling import greedy
+$marker_block
+
+def generate(model, *args, **kwargs):
+    return {"custom_generate": __name__, "picked": greedy([0.1, 0.7, 0.2])}
+'''
+
+CUSTOM_GENERATE_SAMPLING = '''"""A helper of ``custom_generate/generate.py``."""
+
+
+def greedy(scores):
+    return max(range(len(scores)), key=scores.__getitem__)
+'''
