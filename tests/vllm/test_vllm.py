@@ -219,3 +219,50 @@ def test_the_cause_reaches_the_user_where_vllm_says_cannot_find(
     assert errors, result["log"][-5000:]
     assert f"{models / 'broken' / 'layers.py'}:1:1" in errors[0]
     assert "pip install codeferry-missing-package-x" in errors[0]
+
+
+def test_a_lock_that_binds_nothing_stops_vllm_before_any_code_runs(
+    vllm_python: str, work: Path, models: Path
+) -> None:
+    """The plugin switched off under CODEFERRY_LOCK, or a lock that is not there: vLLM does
+    not start (it calls its general plugins without catching), and says why."""
+    lock = work / "fromdot-closed.lock"
+    made = subprocess.run([vllm_python, "-m", "codeferry.cli", "lock", str(models / "fromdot"),
+                           "-o", str(lock)], capture_output=True, text=True,
+                          timeout=TIMEOUT, env=_env(work))
+    assert made.returncode == 0, made.stderr
+    for case, env in (("closed-off", {"CODEFERRY_LOCK": str(lock), "CODEFERRY_VLLM_PLUGIN": "0"}),
+                      ("closed-missing", {"CODEFERRY_LOCK": str(work / "absent.lock")})):
+        result = run_vllm(vllm_python, work, models / "fromdot", case, **env)
+        expected = "PluginDisabledUnderLockError" if case == "closed-off" else "LockFormatError"
+        assert result["error_type"] == expected, result.get("error")
+        assert result["probe"] == []  # none of the model's code ran
+        # logged before the exception (at error level; vLLM may not have set up its
+        # log format yet in the driver, so the line can be bare)
+        assert any(line.startswith(("codeferry:", "ERROR")) and "codeferry:" in line
+                   and "Fix:" in line for line in result["log"].splitlines()), result["log"][-3000:]
+
+
+def test_a_custom_generate_door_the_lock_does_not_list_is_refused(
+    vllm_python: str, work: Path, models: Path
+) -> None:
+    """The issue's exploit inside vLLM: locked, then ``custom_generate/`` added. vLLM itself
+    never runs custom_generate (its Transformers backend builds the model with from_config and
+    generates itself), but the model's code is no longer the locked code: refused."""
+    import shutil
+
+    model = work / "fromdot-door"
+    shutil.copytree(models / "fromdot", model)
+    lock = work / "fromdot-door.lock"
+    made = subprocess.run([vllm_python, "-m", "codeferry.cli", "lock", str(model),
+                           "-o", str(lock)], capture_output=True, text=True,
+                          timeout=TIMEOUT, env=_env(work))
+    assert made.returncode == 0, made.stderr
+    marker = work / "door-ran.txt"
+    (model / "custom_generate").mkdir()
+    (model / "custom_generate" / "generate.py").write_text(
+        f"open({str(marker)!r}, 'w').write('ran')\n\ndef generate(model, *a, **k):\n    pass\n")
+    result = run_vllm(vllm_python, work, model, "door-stale", CODEFERRY_LOCK=str(lock))
+    assert result["error_type"] == "LockMismatchError", result.get("error")
+    assert "custom_generate/generate.py" in result["log"]
+    assert result["probe"] == [] and not marker.exists()

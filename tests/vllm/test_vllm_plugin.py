@@ -117,6 +117,28 @@ def locked_child(lock: str, other: str, locked_model: str) -> dict[str, Any]:
     return out
 
 
+def fail_closed_child(lock: str, folder: str) -> dict[str, Any]:
+    """CODEFERRY_LOCK with the plugin switched off, then naming a folder, then a missing file."""
+    import os
+
+    from codeferry._install import vllm as _vllm
+
+    out: dict[str, Any] = {}
+    log = _Records("vllm.codeferry")
+    os.environ.update(CODEFERRY_LOCK=lock, CODEFERRY_VLLM_PLUGIN="0")
+    for case, value in (("disabled", lock), ("folder", folder), ("missing", lock + ".missing")):
+        os.environ["CODEFERRY_LOCK"] = value
+        try:
+            _vllm.register()
+            out[case] = "registered"
+        except Exception as exc:
+            out[case] = f"{type(exc).__name__} {getattr(exc, 'path', None)}"
+        out[case + "_hooked"] = _is_hooked()
+        os.environ.pop("CODEFERRY_VLLM_PLUGIN", None)
+    out["log"] = log.records
+    return out
+
+
 @pytest.fixture(scope="module")
 def fresh_process() -> Any:
     """One spawned process per case: a plugin and a lock bind a process for good."""
@@ -171,6 +193,26 @@ def test_a_lock_in_the_environment_binds_the_process(
     assert out["unchecked"] == f"LockMismatchError {lock}"
     assert out["locked_config"].startswith("codeferry._dyn.u") and out["locked"] is True
     assert any(level == "ERROR" and str(lock) in msg for level, msg in out["log"])
+
+
+def test_a_lock_that_binds_nothing_fails_closed(
+    tmp_path: Path, fresh_process: cf.ProcessPoolExecutor
+) -> None:
+    """Switched off, or a lock that cannot be read: register() logs and raises, never
+    returns as if the process were bound."""
+    from codeferry import Lock, resolve
+
+    model = write_model(tmp_path / "m", ModelSpec(name="vclosed"))
+    lock = tmp_path / "m.lock"
+    lock.write_text(Lock.from_bundle(resolve(model)).dumps())
+    out = fresh_process.submit(fail_closed_child, str(lock), str(tmp_path)).result(timeout=300)
+    assert out["disabled"] == f"PluginDisabledUnderLockError {lock}"
+    assert out["folder"] == f"LockFormatError {tmp_path}"
+    assert out["missing"] == f"LockFormatError {lock}.missing"
+    assert not any(out[f"{case}_hooked"] for case in ("disabled", "folder", "missing"))
+    errors = [msg for level, msg in out["log"] if level == "ERROR"]
+    assert len(errors) == 3, out["log"]
+    assert "CODEFERRY_VLLM_PLUGIN=0" in errors[0] and "cannot be read" in errors[1]
 
 
 def test_the_entry_point_is_declared_for_vllm() -> None:
