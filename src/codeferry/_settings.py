@@ -100,7 +100,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         ("CODEFERRY_VLLM_PLUGIN",),
         "on",
-        '`0` keeps codeferry\'s plugin out of vLLM (see "Inside vLLM")',
+        '`0` keeps codeferry\'s plugin out of vLLM (see "Inside vLLM"); with `CODEFERRY_LOCK` set, vLLM then refuses to start (`PluginDisabledUnderLockError`)',
     ),
     Setting(
         ("CODEFERRY_LOCK",),

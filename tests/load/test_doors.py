@@ -198,3 +198,13 @@ def test_a_repo_in_the_hub_cache_passes_the_same_gate(doors: dict[str, Path]) ->
     out = _fresh("spawn", child.hub_repo, args[0], str(doors["lock"]), *args[1:])
     assert out["repo_trusted"] == "UnlockedCodeError"  # not in the model's lock
     assert out["repo_ran"] == []
+
+
+def test_an_executor_refuses_a_lock_that_does_not_list_the_door(doors: dict[str, Path]) -> None:
+    """codeferry's own workers get only what the parent decided: it decides on the door too."""
+    import codeferry
+    from codeferry.errors import LockMismatchError
+
+    with pytest.raises(LockMismatchError) as caught:
+        codeferry.Executor(doors["stale"], workers=1, lock=doors["stale_lock"])
+    assert "added    custom_generate/generate.py" in str(caught.value)
