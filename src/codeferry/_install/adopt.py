@@ -32,7 +32,8 @@ the *same* package name without executing anything again, and marks the classes 
 modules define. A receiver then registers the unit under that name too, so the class
 names in the pickle resolve there to exactly one class each. The hook is a wrapper
 around ``get_class_in_module``, the one function every remote class passes through
-(``get_class_from_dynamic_module`` and every Auto class call it).
+(``get_class_from_dynamic_module`` and every Auto class call it). The same wrapper is the
+gate of every door (``gate``): under a lock it executes nothing the lock does not list.
 """
 
 from __future__ import annotations
