@@ -107,7 +107,14 @@ def locate_repo(
                 path=str(ref),
                 fix=fix,
             )
-        commit = ref.read_text(encoding="utf-8").strip()
+        commit = ref.read_text(encoding="utf-8", errors="replace").strip()
+        if not _COMMIT.match(commit):  # what a lock pins, and a folder name below
+            raise ModelNotFoundError(
+                f"revision {wanted!r} of {repo_id!r} in the local cache points at "
+                f"{commit[:60]!r}, which is not a commit (40 hex digits).",
+                path=str(ref), fix=f"delete {ref} and download the repo again (`hf download "
+                f"{repo_id}" + (f" --revision {revision}" if revision else "") + "`).",
+            )
     snapshot = repo_dir / "snapshots" / commit
     if not snapshot.is_dir():
         raise ModelNotFoundError(
