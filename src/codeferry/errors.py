@@ -752,3 +752,37 @@ class CommandNotRunError(CodeferryError, OSError):
 
 
 __all__ += ["CommandNotRunError"]
+
+
+# -- the Hub vouching for a lock (--verify-hub) -------------------------------------------
+
+
+class HubMismatchError(_HubError, PermissionError):
+    """Locked files (or the files about to be locked) are not what the Hub holds at the
+    locked commit: a tampered cache or mirror, or a lock made from one. Nothing ran.
+
+    ``mismatches`` lists each file as ``(name, expected, actual)``: ``name`` as the lock
+    names it (``org/other--path`` for a cross-repo file), ``expected`` the Hub's hash
+    (``sha256:<hex>`` of an LFS file, ``git-sha1:<hex>`` of any other, ``"absent"`` when the
+    Hub's commit lacks the file), ``actual`` the local file's. A commit the Hub never had is
+    one row whose name is the repo (``expected`` ``"absent"``, ``actual`` the commit).
+    """
+
+    def __init__(self, message: str, *,
+                 mismatches: tuple[tuple[str, str, str], ...] = (), **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.mismatches = mismatches
+
+
+class HubUncheckedError(_HubError, ConnectionError):
+    """``--verify-hub`` could not ask the Hub, so nothing was vouched for (and ``codeferry
+    lock --verify-hub`` wrote nothing): offline (``HF_HUB_OFFLINE=1``), no connection, the
+    Hub answered an error, or the lock is of a local folder, which no Hub holds. ``reason``
+    says which. The command line exits 3: neither success nor a mismatch."""
+
+    def __init__(self, message: str, *, reason: str = "", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.reason = reason
+
+
+__all__ += ["HubMismatchError", "HubUncheckedError"]

@@ -19,6 +19,11 @@ rest of its line, ``-`` stands for "none", lines sorted within each kind)::
 list is refused, as is one without its ``end`` line (truncated) or of an unknown version.
 A lock is trust for exactly the code it lists: ``codeferry.load(model, lock=...)``
 refuses any other byte.
+
+``revision`` and each ``pin`` are commits (40 hex digits), never a branch: a model named by
+a branch (``main`` by default) is locked at the commit the branch pointed at, and a lock
+whose revision or pin is anything else is refused. ``Lock.check_hub`` has the Hub vouch for
+the files at those commits (``vouch``: ``--verify-hub``).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from ..errors import LockFormatError, LockMismatchError
 from . import digest as _digest
 from .automap import qualified
 from .resolve import Bundle
+from .vouch import HubCheck, check_hub
 
 __all__ = ["FORMAT_VERSION", "Lock", "LockedFile", "LockDiff", "read_lock", "unit_digests"]
 
@@ -142,7 +148,8 @@ class Lock:
             kind, _, rest = line.partition(" ")
             try:
                 if kind in ("model", "revision", "digest"):
-                    if not rest or kind in fields:
+                    if not rest or kind in fields or (
+                            kind == "revision" and rest != "-" and not _digest.is_commit(rest)):
                         raise ValueError
                     fields[kind] = rest
                 elif kind == "file":
@@ -152,6 +159,8 @@ class Lock:
                     files.append(LockedFile(None if repo == "-" else repo, path, sha, int(size)))
                 elif kind == "pin":
                     repo, commit = rest.split(" ")
+                    if not _digest.is_commit(commit):
+                        raise ValueError
                     pins.append((repo, commit))
                 elif kind == "requirement":
                     name, how = rest.split(" ")
@@ -161,7 +170,10 @@ class Lock:
                 else:
                     raise ValueError
             except ValueError:
-                raise fail(number, f"has a malformed line: {line[:80]!r}") from None
+                pinned = kind in ("revision", "pin")
+                raise fail(number, f"has a malformed line: {line[:80]!r}" + (
+                    " (a revision or pin is a commit: 40 hex digits, or '-' for a folder)"
+                    if pinned else "")) from None
         missing = {"model", "revision", "digest"} - set(fields)
         if missing:
             raise fail(None, f"lacks {', '.join(sorted(missing))}")
@@ -185,6 +197,17 @@ class Lock:
                 if expected[k].sha256 != actual[k].sha256
             ),
         )
+
+    def check_hub(self, bundle: Bundle, *, token: str | bool | None = None,
+                  endpoint: str | None = None) -> HubCheck:
+        """Raise unless ``bundle`` is exactly the locked code (``check``) and every locked
+        file is what the Hub holds at the locked commits (``vouch``): ``HubMismatchError``
+        lists each file that is not, ``HubUncheckedError`` says the Hub could not be asked
+        (offline, no connection, or a lock of a local folder). ``endpoint``: the Hub to ask
+        (default ``HF_ENDPOINT``), e.g. huggingface.co while the files came from a mirror."""
+        self.check(bundle)
+        return check_hub(self.model, self.revision, dict(self.pins), self.files, bundle.contents,
+                         token=token, endpoint=endpoint)
 
     def is_for(self, bundle: Bundle) -> bool:
         """Whether this lock was made for ``bundle``'s model (by name: a repo id, or its
