@@ -123,7 +123,7 @@ def _cmd_lock(args: argparse.Namespace) -> int:
     Static: executes nothing. See the README for the format.
     """
     from ._code.lockfile import Lock
-    from ._commands.vouch import follow_branch, show_check
+    from ._commands.vouch import follow_branch, show_check, signed
 
     if args.verify_hub:
         follow_branch(args, args.model or _demo())
@@ -132,7 +132,7 @@ def _cmd_lock(args: argparse.Namespace) -> int:
     for ref in bundle.classes:
         for problem in bundle.problems_for(ref)[:1]:
             print(f"codeferry: note: {ref.key} cannot load: {problem}", file=sys.stderr)
-    lock = Lock.from_bundle(bundle)
+    lock = signed(args, Lock.from_bundle(bundle), bundle, sys.stderr, locking=True)
     if args.verify_hub:  # before anything is written
         show_check(lock.check_hub(bundle, token=args.token, endpoint=args.hub_endpoint), sys.stderr)
     text = lock.dumps()
@@ -150,7 +150,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     Static: executes nothing.
     """
     from ._code.lockfile import read_lock
-    from ._commands.vouch import show_check
+    from ._commands.vouch import show_check, signed
 
     lock = read_lock(args.lock)
     model = args.model or _demo()
@@ -159,6 +159,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if bundle.digest == lock.digest:
         check = lock.check_hub(bundle, token=args.token, endpoint=args.hub_endpoint) \
             if args.verify_hub else None
+        signed(args, lock, bundle, sys.stdout)
         print(f"ok: {bundle.origin.name} matches {args.lock} ({lock.digest})")
         if check is not None:
             show_check(check, sys.stdout)

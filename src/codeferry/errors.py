@@ -786,3 +786,19 @@ class HubUncheckedError(_HubError, ConnectionError):
 
 
 __all__ += ["HubMismatchError", "HubUncheckedError"]
+
+
+class ModelSignatureError(CodeferryError, PermissionError):
+    """A model's OpenSSF signature (``model.sig``, the ``model-signing`` package's format) is
+    missing, does not verify with the public key given, or was made with another key than
+    the one the lock requires. ``signature`` is the signature file, ``key`` the public key's
+    id (``sha256:<hex>`` of its DER form) where one was read. Nothing ran."""
+
+    def __init__(self, message: str, *, signature: str | None = None, key: str | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.signature = signature
+        self.key = key
+
+
+__all__ += ["ModelSignatureError"]

@@ -10,6 +10,8 @@ All but git's blob id are sha256, in lowercase hex, over text that is the same o
     bundle   "sha256:" + sha256(for (repo, path) in sorted(...):     Bundle.digest, a lock's
                                  repo-or-"" "\\0" path "\\0" file "\\n")  digest, what trust decides on
     token    the first 32 hex digits of a unit digest                store folders, module names
+    key      "sha256:" + sha256(DER SubjectPublicKeyInfo)           a public key a lock requires a
+                                                                     model signature by
     git blob sha1("blob <size>\\0" bytes)                            the Hub's id of a file that
                                                                      is not in LFS (``--verify-hub``)
 
@@ -29,7 +31,7 @@ from typing import Protocol
 
 __all__ = [
     "TOKEN_LENGTH", "HashedFile", "file_sha256", "unit_digest", "unit_digest_of", "bundle_digest",
-    "token_of", "is_digest", "is_token", "git_blob_sha1", "is_commit",
+    "token_of", "is_digest", "is_token", "git_blob_sha1", "is_commit", "public_key_id",
 ]
 
 #: Hex digits of a unit digest that name it in the store and in module names.
@@ -121,3 +123,15 @@ def git_blob_sha1(data: bytes) -> str:
 def is_commit(text: object) -> bool:
     """Whether ``text`` is a whole git commit id (40 lowercase hex digits), as a lock pins."""
     return isinstance(text, str) and _COMMIT.fullmatch(text) is not None
+
+
+def public_key_id(pem: bytes) -> str:
+    """A public key's id, as a lock names the key a model's signature must verify with: the
+    sha256 of its DER SubjectPublicKeyInfo, the same whatever the PEM file's line breaks or
+    comments. Needs ``cryptography`` (the ``signing`` extra); ``ValueError``: not a key."""
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_public_key(pem)
+    der = key.public_bytes(serialization.Encoding.DER,
+                           serialization.PublicFormat.SubjectPublicKeyInfo)
+    return "sha256:" + file_sha256(der)
