@@ -3,13 +3,17 @@
 What huggingface_hub 2.4 asks (``hf_api.py``, ``file_download.py``, ``_snapshot_download.py``)
 and what huggingface.co answers::
 
-    GET  /api/models/{repo}[/revision/{rev}][?blobs=True] model info: sha, siblings (+ sizes)
+    GET  /api/models/{repo}[/revision/{rev}][?blobs=True] model info: sha, siblings (+ size,
+                                                         blobId, lfs {sha256, size, pointerSize})
     GET  /api/models/{repo}/tree/{rev}?recursive=True    every file: path, size, oid, lfs
     HEAD /{repo}/resolve/{rev}/{path}                    X-Repo-Commit, ETag, Content-Length
                                                          (X-Linked-Etag/-Size: an LFS file)
     GET  /{repo}/resolve/{rev}/{path}                    the bytes (206 for a Range: a resume)
 
-A revision is a branch, a tag or a commit sha. Errors carry the ``X-Error-Code`` that
+A revision is a branch, a tag or a commit sha. A file is stored through Git LFS when its name
+ends with one of ``LFS_SUFFIXES`` or the repo lists it in ``lfs``: as on the Hub, its git blob
+id (``blobId``, the tree's ``oid``) is then the id of its LFS pointer, and the sha256 of its
+bytes is the ``lfs`` entry's (and the ``X-Linked-Etag`` of its HEAD). Errors carry the ``X-Error-Code`` that
 huggingface_hub types them by: ``RepoNotFound`` (401, as the Hub answers a client without a
 token), ``RevisionNotFound`` and ``EntryNotFound`` (404), ``GatedRepo`` (401 without a
 token, 403 with another one). A gated repo's metadata is public and its files are not, as on
@@ -40,11 +44,21 @@ def git_blob_sha(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
+def lfs_pointer(data: bytes) -> bytes:
+    """The Git LFS pointer file the Hub's git holds in place of an LFS file's bytes."""
+    return (f"version https://git-lfs.github.com/spec/v1\noid sha256:"
+            f"{hashlib.sha256(data).hexdigest()}\nsize {len(data)}\n").encode()
+
+
 @dataclass
 class Repo:
     commits: dict[str, dict[str, bytes]] = field(default_factory=dict)  # sha -> path -> bytes
     refs: dict[str, str] = field(default_factory=dict)  # branch or tag -> sha
     token: str | None = None  # gated: files need "Authorization: Bearer <token>"
+    lfs: set[str] = field(default_factory=set)  # stored through LFS besides LFS_SUFFIXES
+
+    def is_lfs(self, path: str) -> bool:
+        return path.endswith(LFS_SUFFIXES) or path in self.lfs
 
     def commit_of(self, revision: str) -> str | None:
         if revision in self.commits:
@@ -146,7 +160,7 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 return
             files = repo.commits[sha]
             if api is not None:
-                data = self._tree(files) if api["kind"] == "tree" else self._info(
+                data = self._tree(repo, files) if api["kind"] == "tree" else self._info(
                     unquote(api["repo"]), sha, files, "blobs" in url.query)
                 self._reply(200, {"Content-Type": "application/json"}, json.dumps(data).encode(),
                             body)
@@ -157,30 +171,34 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
         def _info(self, repo_id: str, sha: str, files: dict[str, bytes],
                   blobs: bool) -> dict[str, Any]:
             siblings = []
+            repo = hub.repos[repo_id]
             for name, data in sorted(files.items()):
                 entry: dict[str, Any] = {"rfilename": name}
-                if blobs:
+                if blobs and repo.is_lfs(name):
+                    pointer = lfs_pointer(data)
+                    entry.update(size=len(data), blobId=git_blob_sha(pointer), lfs={
+                        "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                        "pointerSize": len(pointer)})
+                elif blobs:
                     entry.update(size=len(data), blobId=git_blob_sha(data))
-                    if name.endswith(LFS_SUFFIXES):
-                        entry["lfs"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-                                        "pointerSize": 134}
                 siblings.append(entry)
             return {"id": repo_id, "modelId": repo_id, "sha": sha, "private": False,
                     "gated": "manual" if hub.repos[repo_id].token else False,
                     "disabled": False, "siblings": siblings}
 
-        def _tree(self, files: dict[str, bytes]) -> list[dict[str, Any]]:
+        def _tree(self, repo: Repo, files: dict[str, bytes]) -> list[dict[str, Any]]:
             out: list[dict[str, Any]] = []
             folders = sorted({name.rsplit("/", 1)[0] for name in files if "/" in name})
             for folder in folders:
                 out.append({"type": "directory", "oid": git_blob_sha(folder.encode()), "size": 0,
                             "path": folder})
             for name, data in sorted(files.items()):
-                entry: dict[str, Any] = {"type": "file", "oid": git_blob_sha(data),
-                                         "size": len(data), "path": name}
-                if name.endswith(LFS_SUFFIXES):
+                lfs = repo.is_lfs(name)
+                entry: dict[str, Any] = {"type": "file", "size": len(data), "path": name,
+                                         "oid": git_blob_sha(lfs_pointer(data) if lfs else data)}
+                if lfs:
                     entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data),
-                                    "pointerSize": 134}
+                                    "pointerSize": len(lfs_pointer(data))}
                 out.append(entry)
             return out
 
@@ -196,7 +214,7 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 self._error(404, "EntryNotFound", f"{name} does not exist", body,
                             {"X-Repo-Commit": sha})
                 return
-            lfs = name.endswith(LFS_SUFFIXES)
+            lfs = repo.is_lfs(name)
             etag = hashlib.sha256(data).hexdigest() if lfs else git_blob_sha(data)
             headers = {"X-Repo-Commit": sha, "ETag": f'"{etag}"', "Accept-Ranges": "bytes",
                        "Content-Type": "application/octet-stream"}

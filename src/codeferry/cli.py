@@ -1,7 +1,8 @@
 """The ``codeferry`` command line.
 
 Exit codes: 0 success, 1 the model has blocking problems (or a command found them),
-2 usage errors (bad arguments, a model that is not there, a device this machine lacks).
+2 usage errors (bad arguments, a model that is not there, a device this machine lacks),
+3 ``--verify-hub`` could not ask the Hub (offline, no connection): nothing was checked.
 Errors print one line (``codeferry: error: ...``), after the last frames of the worker's
 traceback when a worker failed; ``--debug`` (or ``CODEFERRY_DEBUG=1``, or huggingface_hub's
 ``HF_DEBUG=1``) adds the whole traceback. Nothing is written
@@ -29,12 +30,14 @@ from typing import TypeAlias
 from . import _settings
 from ._code.resolve import Bundle
 from ._commands.render import remote_tail, render_dot, render_report
+from ._commands.vouch import hub_options
 from ._trust.options import ModelOptions
 from ._version import package_version
 from .errors import (
     CodeferryError,
     CommandNotRunError,
     DeviceError,
+    HubUncheckedError,
     InputNotFoundError,
     ModelNotFoundError,
     RunStoppedError,
@@ -120,13 +123,19 @@ def _cmd_lock(args: argparse.Namespace) -> int:
     Static: executes nothing. See the README for the format.
     """
     from ._code.lockfile import Lock
+    from ._commands.vouch import follow_branch, show_check, signed
 
+    if args.verify_hub:
+        follow_branch(args, args.model or _demo())
     bundle = _bundle(args)
     bundle.check_classes()  # refused only when no class can load
     for ref in bundle.classes:
         for problem in bundle.problems_for(ref)[:1]:
             print(f"codeferry: note: {ref.key} cannot load: {problem}", file=sys.stderr)
-    text = Lock.from_bundle(bundle).dumps()
+    lock = signed(args, Lock.from_bundle(bundle), bundle, sys.stderr, locking=True)
+    if args.verify_hub:  # before anything is written
+        show_check(lock.check_hub(bundle, token=args.token, endpoint=args.hub_endpoint), sys.stderr)
+    text = lock.dumps()
     if args.output:
         _write_atomic(Path(args.output), text.encode("utf-8"))
         print(f"wrote {args.output} ({len(bundle.files)} files, {bundle.digest})", file=sys.stderr)
@@ -141,13 +150,19 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     Static: executes nothing.
     """
     from ._code.lockfile import read_lock
+    from ._commands.vouch import show_check, signed
 
     lock = read_lock(args.lock)
     model = args.model or _demo()
     bundle = _bundle(args)
     diff = lock.diff(bundle)
     if bundle.digest == lock.digest:
+        check = lock.check_hub(bundle, token=args.token, endpoint=args.hub_endpoint) \
+            if args.verify_hub else None
+        signed(args, lock, bundle, sys.stdout)
         print(f"ok: {bundle.origin.name} matches {args.lock} ({lock.digest})")
+        if check is not None:
+            show_check(check, sys.stdout)
         return 0
     print(f"MISMATCH: {bundle.origin.name} is not the code locked in {args.lock}")
     print(f"  locked  {lock.digest}\n  actual  {bundle.digest}")
@@ -419,12 +434,15 @@ def _add_run(sub: _Commands) -> argparse.ArgumentParser:
 def _add_lock(sub: _Commands) -> argparse.ArgumentParser:
     command = _command(sub, _cmd_lock)
     command.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
+    hub_options(command, "first (a branch: where it points on the Hub now); write nothing else")
     return command
+
 
 
 def _add_verify(sub: _Commands) -> argparse.ArgumentParser:
     command = _command(sub, _cmd_verify)
     command.add_argument("--lock", metavar="FILE", required=True, help="the lock file")
+    hub_options(command, "(after the code matched the lock)")
     return command
 
 
@@ -462,6 +480,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             # e.g. no worker could start: nothing was written for any input, and the same
             # command, once the machine is fixed, runs (or resumes) the whole input
             print(f"codeferry: to resume, run: codeferry {shlex.join(argv)}", file=sys.stderr)
+        if isinstance(exc, HubUncheckedError):
+            return 3  # not checked: neither success nor a mismatch
         return exc.status if isinstance(exc, CommandNotRunError) else 1  # 127, 126 as a shell
     except KeyboardInterrupt:
         return 130

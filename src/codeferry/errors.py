@@ -776,3 +776,52 @@ class PluginDisabledUnderLockError(CodeferryError, RuntimeError):
 
 
 __all__ += ["UnlockedCodeError", "PluginDisabledUnderLockError"]
+
+# -- the Hub vouching for a lock (--verify-hub) -------------------------------------------
+
+
+class HubMismatchError(_HubError, PermissionError):
+    """Locked files (or the files about to be locked) are not what the Hub holds at the
+    locked commit: a tampered cache or mirror, or a lock made from one. Nothing ran.
+
+    ``mismatches`` lists each file as ``(name, expected, actual)``: ``name`` as the lock
+    names it (``org/other--path`` for a cross-repo file), ``expected`` the Hub's hash
+    (``sha256:<hex>`` of an LFS file, ``git-sha1:<hex>`` of any other, ``"absent"`` when the
+    Hub's commit lacks the file), ``actual`` the local file's. A commit the Hub never had is
+    one row whose name is the repo (``expected`` ``"absent"``, ``actual`` the commit).
+    """
+
+    def __init__(self, message: str, *,
+                 mismatches: tuple[tuple[str, str, str], ...] = (), **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.mismatches = mismatches
+
+
+class HubUncheckedError(_HubError, ConnectionError):
+    """``--verify-hub`` could not ask the Hub, so nothing was vouched for (and ``codeferry
+    lock --verify-hub`` wrote nothing): offline (``HF_HUB_OFFLINE=1``), no connection, the
+    Hub answered an error, or the lock is of a local folder, which no Hub holds. ``reason``
+    says which. The command line exits 3: neither success nor a mismatch."""
+
+    def __init__(self, message: str, *, reason: str = "", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.reason = reason
+
+
+__all__ += ["HubMismatchError", "HubUncheckedError"]
+
+
+class ModelSignatureError(CodeferryError, PermissionError):
+    """A model's OpenSSF signature (``model.sig``, the ``model-signing`` package's format) is
+    missing, does not verify with the public key given, or was made with another key than
+    the one the lock requires. ``signature`` is the signature file, ``key`` the public key's
+    id (``sha256:<hex>`` of its DER form) where one was read. Nothing ran."""
+
+    def __init__(self, message: str, *, signature: str | None = None, key: str | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.signature = signature
+        self.key = key
+
+
+__all__ += ["ModelSignatureError"]

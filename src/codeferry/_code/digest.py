@@ -2,7 +2,7 @@
 tickets compare these strings, so a second copy of a formula is a future mismatch (or a
 future security bug, where one side would accept what the other never checked).
 
-All are sha256, written in lowercase hex, over text that is the same on every machine::
+All but git's blob id are sha256, in lowercase hex, over text that is the same on every machine::
 
     file     sha256(bytes)                                           FileEntry.sha256
     unit     "sha256:" + sha256(for path in sorted(paths):           a store entry, the package
@@ -10,6 +10,10 @@ All are sha256, written in lowercase hex, over text that is the same on every ma
     bundle   "sha256:" + sha256(for (repo, path) in sorted(...):     Bundle.digest, a lock's
                                  repo-or-"" "\\0" path "\\0" file "\\n")  digest, what trust decides on
     token    the first 32 hex digits of a unit digest                store folders, module names
+    key      "sha256:" + sha256(DER SubjectPublicKeyInfo)           a public key a lock requires a
+                                                                     model signature by
+    git blob sha1("blob <size>\\0" bytes)                            the Hub's id of a file that
+                                                                     is not in LFS (``--verify-hub``)
 
 A *unit* is one repo's code (the model's own, or a cross-repo reference's); a *bundle* is
 all of it. Changing a formula changes every lock file and store entry: ``tests/golden``
@@ -27,7 +31,7 @@ from typing import Protocol
 
 __all__ = [
     "TOKEN_LENGTH", "HashedFile", "file_sha256", "unit_digest", "unit_digest_of", "bundle_digest",
-    "token_of", "is_digest", "is_token",
+    "token_of", "is_digest", "is_token", "git_blob_sha1", "is_commit", "public_key_id",
 ]
 
 #: Hex digits of a unit digest that name it in the store and in module names.
@@ -35,6 +39,7 @@ TOKEN_LENGTH = 32
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _TOKEN = re.compile(rf"[0-9a-f]{{{TOKEN_LENGTH}}}")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 def file_sha256(data: bytes) -> str:
@@ -106,3 +111,27 @@ def is_digest(text: object) -> bool:
 def is_token(text: object) -> bool:
     """Whether ``text`` is a whole token (``token_of`` a digest)."""
     return isinstance(text, str) and _TOKEN.fullmatch(text) is not None
+
+
+def git_blob_sha1(data: bytes) -> str:
+    """Git's id of a file's bytes (``git hash-object``): the sha1 of ``blob <size>\\0`` and
+    the bytes. The Hub names every file that is not stored through LFS by it (an LFS file by
+    the sha256 of its bytes, ``file_sha256``): what ``--verify-hub`` compares a file with."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def is_commit(text: object) -> bool:
+    """Whether ``text`` is a whole git commit id (40 lowercase hex digits), as a lock pins."""
+    return isinstance(text, str) and _COMMIT.fullmatch(text) is not None
+
+
+def public_key_id(pem: bytes) -> str:
+    """A public key's id, as a lock names the key a model's signature must verify with: the
+    sha256 of its DER SubjectPublicKeyInfo, the same whatever the PEM file's line breaks or
+    comments. Needs ``cryptography`` (the ``signing`` extra); ``ValueError``: not a key."""
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_public_key(pem)
+    der = key.public_bytes(serialization.Encoding.DER,
+                           serialization.PublicFormat.SubjectPublicKeyInfo)
+    return "sha256:" + file_sha256(der)

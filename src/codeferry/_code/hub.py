@@ -26,6 +26,14 @@ huggingface_hub, or plain transformers, which fetches file by file) is taken as 
 its code imports at load a file it lacks: ``resolve`` then has it completed (``complete``),
 or, offline, refused with each missing file and the ``hf download`` command that fetches it.
 
+``--verify-hub`` asks the Hub two more things, never downloading (``hub_commit``: the
+commit a branch or tag points at now; ``hub_files``: the Hub's hash of every file of a
+commit, from ``model_info(files_metadata=True)``, which huggingface_hub 0.30 has too)::
+
+    offline, no connection, an HTTP error     ->  HubUncheckedError (nothing was checked)
+    the Hub has no such repo or commit        ->  HubMismatchError (the cache names a commit
+                                                  the Hub never had)
+
 A download cut short leaves nothing half-written in a snapshot: huggingface_hub writes each
 file to a temporary file unique to its process (``blobs/<etag>.<id>.incomplete``), removes it
 on failure, and renames it into ``blobs/`` and links it from the snapshot only once whole.
@@ -45,15 +53,18 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from .. import _settings
 from ..errors import (
     GatedRepoError,
     HubDownloadError,
+    HubMismatchError,
     HubRepoNotFoundError,
     HubRevisionNotFoundError,
+    HubUncheckedError,
     ModelNotCachedError,
     ModelNotFoundError,
     _HubError,
@@ -61,7 +72,7 @@ from ..errors import (
 from . import source as _source
 from .source import MAX_ASSET_BYTES, WEIGHT_SUFFIXES, ModelOrigin
 
-__all__ = ["Need", "complete", "locate"]
+__all__ = ["HubFile", "Need", "complete", "follow", "hub_commit", "hub_files", "locate"]
 
 Need = Literal["code", "model"]
 
@@ -316,3 +327,104 @@ def _typed(exc: Exception, repo_id: str, revision: str | None,
             return error(message.format(**fields), repo_id=repo_id, revision=revision,
                          fix=fix.format(**fields))
     return None
+
+
+# -- what the Hub says, for --verify-hub ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HubFile:
+    """One file of a commit as the Hub lists it: its git blob id, and the sha256 of its bytes
+    when it is stored through LFS (then the blob id is the pointer's, not the file's)."""
+
+    size: int | None
+    blob_id: str | None
+    lfs_sha256: str | None
+
+
+def hub_commit(repo_id: str, revision: str | None, *, token: str | bool | None = None,
+               endpoint: str | None = None) -> str:
+    """The commit ``revision`` (default ``main``) of ``repo_id`` points at on the Hub now."""
+    with _asking(repo_id, revision, endpoint) as api:
+        info = api(token).model_info(repo_id, revision=revision)
+    return str(info.sha)
+
+
+def hub_files(repo_id: str, commit: str, *, token: str | bool | None = None,
+              endpoint: str | None = None) -> dict[str, HubFile]:
+    """Every file of ``repo_id`` at ``commit`` with the Hub's own hashes of it."""
+    with _asking(repo_id, commit, endpoint) as api:
+        info = api(token).model_info(repo_id, revision=commit, files_metadata=True)
+    if info.sha is not None and info.sha != commit:  # a mirror answering for another commit
+        raise HubMismatchError(
+            f"{endpoint_of(endpoint)} answered for commit {info.sha} of {repo_id} when asked for "
+            f"{commit}.", repo_id=repo_id, revision=commit, mismatches=((repo_id, commit, info.sha),),
+            fix="check HF_ENDPOINT (or the endpoint given to --verify-hub): it should be the Hub.")
+    out: dict[str, HubFile] = {}
+    for sibling in info.siblings or ():
+        lfs = sibling.lfs
+        sha256 = (lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None))
+        out[sibling.rfilename] = HubFile(sibling.size, sibling.blob_id, sha256)
+    return out
+
+
+def follow(repo_id: str, revision: str | None, *, cache_dir: str | os.PathLike[str] | None = None,
+           token: str | bool | None = None, endpoint: str | None = None) -> str:
+    """Bring the cache's ``revision`` (a branch or tag, default ``main``) to the commit it
+    points at on the Hub now, downloading that commit's code if the cache lacks it (which
+    moves the cache's ref too, as huggingface_hub does), and return that commit.
+
+    What ``codeferry lock --verify-hub`` locks: a branch pins what it points at on the Hub,
+    not what it pointed at when the cache last fetched it.
+    """
+    commit = hub_commit(repo_id, revision, token=token, endpoint=endpoint)
+    cache = Path(cache_dir) if cache_dir is not None else _settings.hub_cache()
+    try:
+        cached = _source.locate_repo(repo_id, revision=revision, cache_dir=cache).commit
+    except ModelNotFoundError:
+        cached = None
+    if cached != commit:
+        _download(repo_id, revision, cache, token, "code")
+    return commit
+
+
+def endpoint_of(endpoint: str | None) -> str:
+    """The Hub asked: ``endpoint``, else ``HF_ENDPOINT``, else huggingface.co."""
+    return (endpoint or _settings.hub_endpoint()).rstrip("/")
+
+
+@contextmanager
+def _asking(repo_id: str, revision: str | None, endpoint: str | None) -> Iterator[Any]:
+    """An ``HfApi`` factory (by token) for one question to the Hub; offline, a connection
+    error or an HTTP error is a ``HubUncheckedError``, a repo or commit the Hub lacks a
+    ``HubMismatchError``, a refused token a ``GatedRepoError``."""
+    url = endpoint_of(endpoint)
+    reason = _settings.offline_reason()
+    if reason is not None:
+        raise HubUncheckedError(
+            f"could not check {repo_id} against the Hub: {reason} forbids asking {url}.",
+            repo_id=repo_id, revision=revision, reason=reason,
+            fix=f"unset {reason.split('=')[0]} where {url} can be reached, and run it again.")
+    from huggingface_hub import HfApi
+
+    def api(token: str | bool | None) -> Any:
+        return HfApi(endpoint=url, token=token)
+
+    try:
+        with _download_lock, _online(), _typed_errors(repo_id, revision, url):
+            yield api
+    except (HubRepoNotFoundError, HubRevisionNotFoundError) as exc:
+        raise HubMismatchError(
+            f"{url} has no commit {revision} of {repo_id}: the local cache (or the mirror it "
+            "came from) names a commit the Hub never had, or the repo is private and no token "
+            "with access was sent.", repo_id=repo_id, revision=revision,
+            mismatches=((repo_id, "absent", revision or "main"),),
+            fix=f"{(exc.fix or '').rstrip('.')}; else delete the cached repo and download it "
+            "again from the Hub, then lock it again.") from exc
+    except HubDownloadError as exc:
+        why = _first_line(exc.__cause__ or exc)
+        raise HubUncheckedError(
+            f"could not check {repo_id} against {url}: {why}", repo_id=repo_id,
+            revision=revision, reason=why,
+            fix="check the connection (and HF_ENDPOINT), then run the same command again.",
+        ) from exc

@@ -14,11 +14,22 @@ rest of its line, ``-`` stands for "none", lines sorted within each kind)::
     requirement torch required                     ("guarded": its imports handle absence)
     end
 
+Version 2 is version 1 with one more record, written only when the lock requires an OpenSSF
+model signature (so a lock without one still reads in a codeferry that knows version 1 only,
+and one with it is refused there as a newer format, not read without its requirement)::
+
+    signature key sha256:<64 hex>                  (after the pins: the signer's key id)
+
 ``digest`` is the bundle digest ``codeferry inspect`` prints; it is recomputed from the
 ``file`` lines when the lock is read, so a lock whose digest does not match its own file
 list is refused, as is one without its ``end`` line (truncated) or of an unknown version.
 A lock is trust for exactly the code it lists: ``codeferry.load(model, lock=...)``
 refuses any other byte.
+
+``revision`` and each ``pin`` are commits (40 hex digits), never a branch: a model named by
+a branch (``main`` by default) is locked at the commit the branch pointed at, and a lock
+whose revision or pin is anything else is refused. ``Lock.check_hub`` has the Hub vouch for
+the files at those commits (``vouch``: ``--verify-hub``).
 """
 
 from __future__ import annotations
@@ -33,10 +44,13 @@ from ..errors import LockFormatError, LockMismatchError
 from . import digest as _digest
 from .automap import qualified
 from .resolve import Bundle
+from .signature import SignatureCheck, check_signature
+from .vouch import HubCheck, check_hub
 
 __all__ = ["FORMAT_VERSION", "Lock", "LockedFile", "LockDiff", "read_lock", "unit_digests"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest this codeferry writes and reads; 1 is written when it suffices
+_VERSIONS = ("1", "2")
 _HEADER = "# codeferry lock file: the exact remote code a model may run. Regenerate: codeferry lock MODEL -o FILE"
 
 
@@ -94,6 +108,7 @@ class Lock:
     pins: tuple[tuple[str, str], ...] = ()
     requirements: tuple[tuple[str, str], ...] = ()
     read_from: str | None = None  # the file it was read from, for messages
+    signature: str | None = None  # the key id a model signature must verify with (version 2)
 
     @classmethod
     def from_bundle(cls, bundle: Bundle) -> Lock:
@@ -108,9 +123,11 @@ class Lock:
         return cls(model, src.commit, bundle.digest, files, tuple(sorted(bundle.pins.items())), reqs)
 
     def dumps(self) -> str:
-        lines = [_HEADER, f"codeferry-lock {FORMAT_VERSION}", f"model {self.model}",
+        version = 2 if self.signature else 1
+        lines = [_HEADER, f"codeferry-lock {version}", f"model {self.model}",
                  f"revision {self.revision or '-'}", f"digest {self.digest}"]
         lines += [f"pin {repo} {commit}" for repo, commit in self.pins]
+        lines += [f"signature key {self.signature}"] if self.signature else []
         lines += [f"file {f.repo or '-'} {f.sha256} {f.size} {f.path}" for f in self.files]
         lines += [f"requirement {name} {how}" for name, how in self.requirements]
         lines.append("end")
@@ -128,9 +145,9 @@ class Lock:
         if not rows or not rows[0][1].startswith("codeferry-lock "):
             raise fail(rows[0][0] if rows else 1, "does not start with 'codeferry-lock <version>'")
         version = rows[0][1].split(" ", 1)[1]
-        if version != str(FORMAT_VERSION):
+        if version not in _VERSIONS:
             raise fail(rows[0][0], f"has format version {version!r}; this codeferry reads "
-                       f"version {FORMAT_VERSION}", "upgrade codeferry, or regenerate the lock "
+                       f"versions {', '.join(_VERSIONS)}", "upgrade codeferry, or regenerate the lock "
                        "with this version: `codeferry lock MODEL -o FILE`.")
         if rows[-1][1] != "end":
             raise fail(rows[-1][0], "is truncated (no 'end' line)")
@@ -138,11 +155,13 @@ class Lock:
         files: list[LockedFile] = []
         pins: list[tuple[str, str]] = []
         reqs: list[tuple[str, str]] = []
+        signature: str | None = None
         for number, line in rows[1:-1]:
             kind, _, rest = line.partition(" ")
             try:
                 if kind in ("model", "revision", "digest"):
-                    if not rest or kind in fields:
+                    if not rest or kind in fields or (
+                            kind == "revision" and rest != "-" and not _digest.is_commit(rest)):
                         raise ValueError
                     fields[kind] = rest
                 elif kind == "file":
@@ -152,7 +171,14 @@ class Lock:
                     files.append(LockedFile(None if repo == "-" else repo, path, sha, int(size)))
                 elif kind == "pin":
                     repo, commit = rest.split(" ")
+                    if not _digest.is_commit(commit):
+                        raise ValueError
                     pins.append((repo, commit))
+                elif kind == "signature" and version == "2" and signature is None:
+                    how, key = rest.split(" ")
+                    if how != "key" or not _digest.is_digest(key):
+                        raise ValueError
+                    signature = key
                 elif kind == "requirement":
                     name, how = rest.split(" ")
                     if how not in ("required", "guarded"):
@@ -161,12 +187,19 @@ class Lock:
                 else:
                     raise ValueError
             except ValueError:
-                raise fail(number, f"has a malformed line: {line[:80]!r}") from None
+                pinned = kind in ("revision", "pin")
+                raise fail(number, f"has a malformed line: {line[:80]!r}" + (
+                    " (a revision or pin is a commit: 40 hex digits, or '-' for a folder)"
+                    if pinned else "")) from None
         missing = {"model", "revision", "digest"} - set(fields)
         if missing:
             raise fail(None, f"lacks {', '.join(sorted(missing))}")
         lock = cls(fields["model"], None if fields["revision"] == "-" else fields["revision"],
-                   fields["digest"], tuple(sorted(files, key=lambda f: f.key)), tuple(pins), tuple(reqs), read_from)
+                   fields["digest"], tuple(sorted(files, key=lambda f: f.key)), tuple(pins), tuple(reqs), read_from,
+                   signature)
+        if version == "2" and signature is None:
+            raise fail(rows[0][0], "is version 2 without a 'signature' line (version 2 exists "
+                       "for it)")
         actual = _digest.bundle_digest(files)
         if actual != lock.digest:
             at = next(n for n, ln in rows if ln.startswith("digest "))
@@ -185,6 +218,26 @@ class Lock:
                 if expected[k].sha256 != actual[k].sha256
             ),
         )
+
+    def check_hub(self, bundle: Bundle, *, token: str | bool | None = None,
+                  endpoint: str | None = None) -> HubCheck:
+        """Raise unless ``bundle`` is exactly the locked code (``check``) and every locked
+        file is what the Hub holds at the locked commits (``vouch``): ``HubMismatchError``
+        lists each file that is not, ``HubUncheckedError`` says the Hub could not be asked
+        (offline, no connection, or a lock of a local folder). ``endpoint``: the Hub to ask
+        (default ``HF_ENDPOINT``), e.g. huggingface.co while the files came from a mirror."""
+        self.check(bundle)
+        return check_hub(self.model, self.revision, dict(self.pins), self.files, bundle.contents,
+                         token=token, endpoint=endpoint)
+
+    def check_signature(self, bundle: Bundle, public_key: str | os.PathLike[str] | None
+                        ) -> SignatureCheck:
+        """Raise unless ``bundle`` is exactly the locked code (``check``) and its folder's
+        ``model.sig`` verifies with ``public_key`` (a PEM file), which must be the key this
+        lock requires if it requires one: ``ModelSignatureError``; without the
+        ``model-signing`` package, ``ExtraMissingError``."""
+        self.check(bundle)
+        return check_signature(bundle.origin.root, public_key, required=self.signature)
 
     def is_for(self, bundle: Bundle) -> bool:
         """Whether this lock was made for ``bundle``'s model (by name: a repo id, or its

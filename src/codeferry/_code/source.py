@@ -24,7 +24,6 @@ same fence, repo id and commit as its repo id would give, in every process.
 from __future__ import annotations
 
 import os
-import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ from ..errors import (
     UnreadableFileError,
     UnsafePathError,
 )
+from .digest import is_commit
 
 __all__ = [
     "WEIGHT_SUFFIXES", "ModelOrigin", "locate", "locate_repo", "list_files",
@@ -52,7 +52,6 @@ MAX_ASSET_BYTES = 1024 * 1024 * 1024
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf",
                    ".onnx", ".npz")
 
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _SKIP_DIRS = frozenset({"__pycache__", ".git", ".cache", ".hf", ".ipynb_checkpoints"})
 
 
@@ -98,7 +97,7 @@ def locate_repo(
             path=str(repo_dir),
             fix=fix,
         )
-    commit = wanted if _COMMIT.match(wanted) else None
+    commit = wanted if is_commit(wanted) else None
     if commit is None:
         ref = repo_dir / "refs" / wanted
         if not ref.is_file():
@@ -107,7 +106,14 @@ def locate_repo(
                 path=str(ref),
                 fix=fix,
             )
-        commit = ref.read_text(encoding="utf-8").strip()
+        commit = ref.read_text(encoding="utf-8", errors="replace").strip()
+        if not is_commit(commit):  # what a lock pins, and a folder name below
+            raise ModelNotFoundError(
+                f"revision {wanted!r} of {repo_id!r} in the local cache points at "
+                f"{commit[:60]!r}, which is not a commit (40 hex digits).",
+                path=str(ref), fix=f"delete {ref} and download the repo again (`hf download "
+                f"{repo_id}" + (f" --revision {revision}" if revision else "") + "`).",
+            )
     snapshot = repo_dir / "snapshots" / commit
     if not snapshot.is_dir():
         raise ModelNotFoundError(
@@ -159,7 +165,7 @@ def snapshot_origin(root: Path) -> ModelOrigin | None:
     """
     snapshots = root.parent
     repo_dir = snapshots.parent
-    if not (_COMMIT.match(root.name) and snapshots.name == "snapshots"
+    if not (is_commit(root.name) and snapshots.name == "snapshots"
             and repo_dir.name.startswith("models--") and len(repo_dir.name) > len("models--")):
         return None
     repo_id = repo_dir.name[len("models--"):].replace("--", "/")
