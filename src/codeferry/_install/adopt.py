@@ -54,7 +54,9 @@ from .._hf import patches
 from .._runtime import loader as _loader
 from .._runtime import pickling as _pickling
 from .._trust.decide import transformers_ran
+from .._trust.policy import locked
 from ..errors import CodeferryError, LockMismatchError, ModelNotFoundError
+from . import gates
 
 if TYPE_CHECKING:
     from .._code.lockfile import Lock
@@ -212,6 +214,8 @@ def _generation_hook() -> None:
     global _generation_pending
     with _lock:
         _transformers.install_generation_mixin_hook()
+        # the doors beside auto_map (Hub kernels), bound to the same lock as the answers
+        gates.install(lambda: _engine_lock is not None or locked())
         _generation_pending = False
 
 

@@ -12,7 +12,7 @@ import threading
 
 from ..errors import LockMismatchError
 
-__all__ = ["allow", "check_allowed"]
+__all__ = ["allow", "check_allowed", "locked"]
 
 _lock = threading.Lock()
 _allowed: set[str] = set()
@@ -25,6 +25,12 @@ def allow(digests: set[str], *, from_lock: bool) -> None:
     with _lock:
         _allowed.update(digests)
         _locked = _locked or from_lock
+
+
+def locked() -> bool:
+    """Whether a lock binds this process (``load(..., lock=...)`` ran here)."""
+    with _lock:
+        return _locked
 
 
 def check_allowed(digest: str, label: str) -> None:

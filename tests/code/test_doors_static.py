@@ -1,0 +1,168 @@
+"""The doors beside ``auto_map``, statically: ``custom_pipelines`` code enters the bundle
+(digest, ``inspect``, ``lock``, ``audit``), and ``inspect``/``audit`` list every Hub kernel
+and ``trust_remote_code`` key of a model's JSON files with file and line. Nothing runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from codeferry import resolve
+from codeferry._code.audit.report import audit
+from codeferry._code.doors import find_doors, kernel_repos
+from codeferry._code.lockfile import Lock
+from codeferry.errors import InvalidAutoMapError, UnsafePathError
+
+PIPE = '''from transformers import Pipeline
+from .pipe_helper import WHO
+
+
+class TokPipeline(Pipeline):
+    def _sanitize_parameters(self, **kwargs):
+        return {}, {}, {}
+
+    def preprocess(self, text):
+        return self.tokenizer(text, return_tensors="pt")
+
+    def _forward(self, inputs):
+        return self.model(**inputs)
+
+    def postprocess(self, outputs):
+        return {"who": WHO}
+'''
+
+
+def add_pipeline(folder: Path, who: str = "locked", impl: object = "pipe_tok.TokPipeline") -> Path:
+    """``folder`` with a custom pipeline ``tok-task`` whose module imports a helper."""
+    (folder / "pipe_tok.py").write_text(PIPE, encoding="utf-8")
+    (folder / "pipe_helper.py").write_text(f"WHO = {who!r}\n", encoding="utf-8")
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config["custom_pipelines"] = {"tok-task": {"impl": impl, "pt": ["AutoModelForCausalLM"]}}
+    (folder / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    return folder
+
+
+def edit_json(path: Path, **fields: object) -> None:
+    data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    data.update(fields)
+    path.write_text(json.dumps(data, indent=2), encoding="utf-8")
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "codeferry", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def piped(factory_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("piped")
+    return add_pipeline(Path(shutil.copytree(factory_models["tokenizer"], root / "m")))
+
+
+def test_custom_pipeline_code_is_in_the_bundle_and_the_lock(piped: Path) -> None:
+    bundle = resolve(piped)
+    refs = [c for c in bundle.classes if c.declared_in == "config.json:custom_pipelines"]
+    assert [(r.key, r.module, r.name) for r in refs] == [("tok-task", "pipe_tok", "TokPipeline")]
+    paths = {f.path for f in bundle.files}
+    assert {"pipe_tok.py", "pipe_helper.py"} <= paths
+    assert bundle.closures[refs[0]] == ("pipe_helper", "pipe_tok")
+    lock = Lock.from_bundle(bundle).dumps()
+    assert " pipe_tok.py\n" in lock and " pipe_helper.py\n" in lock
+
+
+def test_a_changed_pipeline_helper_changes_the_digest(piped: Path, tmp_path: Path) -> None:
+    other = Path(shutil.copytree(piped, tmp_path / "m"))
+    (other / "pipe_helper.py").write_text("WHO = 'changed'\n", encoding="utf-8")
+    before, after = resolve(piped), resolve(other)
+    assert before.digest != after.digest
+    diff = Lock.from_bundle(before).diff(after)
+    assert [e.path for e, _ in diff.changed] == ["pipe_helper.py"]
+
+
+def test_inspect_and_verify_cover_the_pipeline(piped: Path, tmp_path: Path) -> None:
+    shown = cli("inspect", str(piped))
+    assert shown.returncode == 0, shown.stderr
+    assert "config.json:custom_pipelines" in shown.stdout and "pipe_helper.py" in shown.stdout
+    assert f"config.json:{_line(piped / 'config.json', 'tok-task')}: custom-pipeline" in shown.stdout
+    lock = tmp_path / "m.lock"
+    assert cli("lock", str(piped), "-o", str(lock)).returncode == 0
+    other = Path(shutil.copytree(piped, tmp_path / "m"))
+    (other / "pipe_helper.py").write_text("WHO = 'changed'\n", encoding="utf-8")
+    verified = cli("verify", str(other), "--lock", str(lock))
+    assert verified.returncode == 1 and "changed  pipe_helper.py" in verified.stdout
+
+
+@pytest.mark.parametrize("impl", [None, 3, "no_dot", "../up.Class"])
+def test_a_custom_pipeline_without_a_usable_impl_names_its_line(
+        factory_models: dict[str, Path], tmp_path: Path, impl: object) -> None:
+    folder = add_pipeline(Path(shutil.copytree(factory_models["default"], tmp_path / "m")),
+                          impl=impl)
+    with pytest.raises((InvalidAutoMapError, UnsafePathError)) as info:
+        resolve(folder)
+    assert info.value.path == str(folder / "config.json")
+    assert info.value.line is not None and info.value.line >= _line(folder / "config.json", "tok-task")
+
+
+def _line(path: Path, needle: str) -> int:
+    return next(n for n, text in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+                if needle in text)
+
+
+@pytest.fixture(scope="module")
+def doored(factory_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The processor variant, with every kind of door in its JSON files."""
+    folder = Path(shutil.copytree(factory_models["processor"],
+                                  tmp_path_factory.mktemp("doored") / "m"))
+    edit_json(folder / "config.json", attn_implementation="kernels-community/flash-evil",
+              _attn_implementation_internal="evil/kern:attn", trust_remote_code=True,
+              text_config={"experts_implementation": "evil/moe@v1", "model_type": "x"})
+    edit_json(folder / "tokenizer_config.json", trust_remote_code=True)
+    edit_json(folder / "processor_config.json",
+              tokenizer={"trust_remote_code": True, "tokenizer_class": "X"})
+    edit_json(folder / "generation_config.json", use_kernels=True)
+    return folder
+
+
+def test_find_doors_lists_each_with_file_and_line(doored: Path) -> None:
+    found = {(d.file, d.key, d.kind): d.line for d in find_doors(doored)}
+    config = doored / "config.json"
+    assert found == {
+        ("config.json", "attn_implementation", "hub-kernel"): _line(config, '"attn_implementation"'),
+        ("config.json", "_attn_implementation_internal", "hub-kernel"):
+            _line(config, "_attn_implementation_internal"),
+        ("config.json", "trust_remote_code", "trust-in-file"): _line(config, "trust_remote_code"),
+        ("config.json", "text_config.experts_implementation", "hub-kernel"):
+            _line(config, "experts_implementation"),
+        ("tokenizer_config.json", "trust_remote_code", "trust-in-file"):
+            _line(doored / "tokenizer_config.json", "trust_remote_code"),
+        ("processor_config.json", "tokenizer.trust_remote_code", "trust-in-file"):
+            _line(doored / "processor_config.json", "trust_remote_code"),
+        ("generation_config.json", "use_kernels", "hub-kernel"):
+            _line(doored / "generation_config.json", "use_kernels"),
+    }
+    assert sorted(kernel_repos(doored)) == ["evil/kern", "evil/moe", "kernels-community/flash-evil"]
+
+
+def test_plain_attention_names_are_no_door(factory_models: dict[str, Path], tmp_path: Path) -> None:
+    folder = Path(shutil.copytree(factory_models["default"], tmp_path / "m"))
+    edit_json(folder / "config.json", attn_implementation="sdpa",
+              _attn_implementation_internal="flash_attention_2", use_kernels=False)
+    assert find_doors(folder) == ()
+
+
+def test_audit_and_inspect_list_the_doors(doored: Path) -> None:
+    report = audit(doored)
+    doors = {(f.path, f.line) for f in report.findings if f.category == "dynamic-code"
+             and f.reason.startswith(("hub-kernel", "trust-in-file"))}
+    assert {(d.file, d.line) for d in find_doors(doored)} == doors
+    shown = cli("audit", str(doored), "--fail-on", "dynamic-code")
+    assert shown.returncode == 1
+    assert f"config.json:{_line(doored / 'config.json', 'trust_remote_code')}:1: trust_remote_code" in shown.stdout
+    data = json.loads(cli("inspect", str(doored), "--json").stdout)
+    assert {(d["file"], d["kind"]) for d in data["doors"]} == {
+        (d.file, d.kind) for d in find_doors(doored)}
