@@ -11,46 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from _doors import add_pipeline, edit_json
 
 from codeferry import resolve
 from codeferry._code.audit.report import audit
 from codeferry._code.doors import find_doors, kernel_repos
 from codeferry._code.lockfile import Lock
 from codeferry.errors import InvalidAutoMapError, UnsafePathError
-
-PIPE = '''from transformers import Pipeline
-from .pipe_helper import WHO
-
-
-class TokPipeline(Pipeline):
-    def _sanitize_parameters(self, **kwargs):
-        return {}, {}, {}
-
-    def preprocess(self, text):
-        return self.tokenizer(text, return_tensors="pt")
-
-    def _forward(self, inputs):
-        return self.model(**inputs)
-
-    def postprocess(self, outputs):
-        return {"who": WHO}
-'''
-
-
-def add_pipeline(folder: Path, who: str = "locked", impl: object = "pipe_tok.TokPipeline") -> Path:
-    """``folder`` with a custom pipeline ``tok-task`` whose module imports a helper."""
-    (folder / "pipe_tok.py").write_text(PIPE, encoding="utf-8")
-    (folder / "pipe_helper.py").write_text(f"WHO = {who!r}\n", encoding="utf-8")
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    config["custom_pipelines"] = {"tok-task": {"impl": impl, "pt": ["AutoModelForCausalLM"]}}
-    (folder / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-    return folder
-
-
-def edit_json(path: Path, **fields: object) -> None:
-    data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-    data.update(fields)
-    path.write_text(json.dumps(data, indent=2), encoding="utf-8")
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
