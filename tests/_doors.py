@@ -38,3 +38,15 @@ def edit_json(path: Path, **fields: object) -> None:
     data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
     data.update(fields)
     path.write_text(json.dumps(data, indent=2), encoding="utf-8")
+
+
+def write_native_model(folder: Path, **config: object) -> Path:
+    """A tiny Llama (transformers' own code: no ``auto_map``, no trust needed) whose
+    config.json gets ``config``'s fields, e.g. a Hub kernel as its attention."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    small = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)
+    LlamaForCausalLM(small).save_pretrained(folder)
+    edit_json(folder / "config.json", **config)
+    return folder

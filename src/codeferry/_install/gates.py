@@ -169,9 +169,12 @@ def install(lock_in_force: Callable[[], bool]) -> None:
     global _lock_in_force
     _lock_in_force = lock_in_force
     from transformers import modeling_utils
-    from transformers.models.auto import auto_factory
+    from transformers.models.auto import auto_factory, modeling_auto
 
-    for owner in (modeling_utils.PreTrainedModel, auto_factory._BaseAutoModelClass):
+    # Each Auto model class carries a copy of the base's from_pretrained (auto_class_update)
+    autos = [c for c in vars(modeling_auto).values() if isinstance(c, type)
+             and issubclass(c, auto_factory._BaseAutoModelClass) and "from_pretrained" in vars(c)]
+    for owner in (modeling_utils.PreTrainedModel, auto_factory._BaseAutoModelClass, *autos):
         if not patches.patched(owner, "from_pretrained"):
             func = patches.original(owner, "from_pretrained").__func__
             patches.patch(owner, "from_pretrained", classmethod(_recording(func)))
