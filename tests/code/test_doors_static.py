@@ -133,3 +133,48 @@ def test_audit_and_inspect_list_the_doors(doored: Path) -> None:
     data = json.loads(cli("inspect", str(doored), "--json").stdout)
     assert {(d["file"], d["kind"]) for d in data["doors"]} == {
         (d.file, d.kind) for d in find_doors(doored)}
+
+
+def test_processor_auto_maps_per_backend_enter_the_bundle(
+        factory_models: dict[str, Path], tmp_path: Path) -> None:
+    """transformers 5 reads an image or video processor's ``auto_map`` entry as a mapping
+    per backend (``{"pil": ..., "torchvision": ...}``): each module is the model's code."""
+    folder = Path(shutil.copytree(factory_models["processor"], tmp_path / "m"))
+    (folder / "image_processing_fast_proc.py").write_text(
+        "from .image_processing_proc import ProcImageProcessor\n\n\n"
+        "class ProcImageProcessorFast(ProcImageProcessor):\n    pass\n", encoding="utf-8")
+    (folder / "video_processing_proc.py").write_text(
+        "from .image_processing_proc import ProcImageProcessor\n\n\n"
+        "class ProcVideoProcessor(ProcImageProcessor):\n    pass\n", encoding="utf-8")
+    edit_json(folder / "preprocessor_config.json", auto_map={
+        "AutoImageProcessor": {"pil": "image_processing_proc.ProcImageProcessor",
+                               "torchvision": "image_processing_fast_proc.ProcImageProcessorFast"},
+        "AutoProcessor": "processing_proc.ProcProcessor"})
+    edit_json(folder / "video_preprocessor_config.json", auto_map={
+        "AutoVideoProcessor": {"torchvision": "video_processing_proc.ProcVideoProcessor"}})
+    bundle = resolve(folder)
+    refs = {(c.declared_in, c.key, c.slot, c.module) for c in bundle.classes}
+    assert {("preprocessor_config.json", "AutoImageProcessor", 0, "image_processing_proc"),
+            ("preprocessor_config.json", "AutoImageProcessor", 1, "image_processing_fast_proc"),
+            ("video_preprocessor_config.json", "AutoVideoProcessor", 0,
+             "video_processing_proc")} <= refs
+    assert {"image_processing_fast_proc.py", "video_processing_proc.py"} <= {
+        f.path for f in bundle.files}
+    assert not bundle.blocking
+
+
+@pytest.mark.parametrize("filename", ["audio_tokenizer_config.json", "processor_config.json"])
+def test_an_audio_tokenizer_path_is_a_nested_load(
+        factory_models: dict[str, Path], tmp_path: Path, filename: str) -> None:
+    """A processor loads another model from the path its audio tokenizer entry names."""
+    folder = Path(shutil.copytree(factory_models["processor"], tmp_path / "m"))
+    entry = {"audio_tokenizer_class": "XAudio", "audio_tokenizer_name_or_path": "org/codec"}
+    if filename == "processor_config.json":
+        edit_json(folder / filename, audio_tokenizer=entry)
+        key = "audio_tokenizer.audio_tokenizer_name_or_path"
+    else:
+        edit_json(folder / filename, **entry)
+        key = "audio_tokenizer_name_or_path"
+    found = [d for d in find_doors(folder) if d.kind == "nested-load"]
+    assert [(d.file, d.key, d.value) for d in found] == [(filename, key, '"org/codec"')]
+    assert found[0].line == _line(folder / filename, "audio_tokenizer_name_or_path")

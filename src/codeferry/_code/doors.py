@@ -17,6 +17,9 @@ these doors too, each named in the model's JSON files:
   (CVE-2026-4372: transformers releases before the fix copied the private form from the
   file without ``trust_remote_code``), in the config or any sub-config; ``use_kernels`` /
   ``kernel_config`` written into a file.
+* ``nested-load``: ``audio_tokenizer_name_or_path`` (``processor_config.json``'s
+  ``audio_tokenizer``, or ``audio_tokenizer_config.json``): transformers 5 loads another
+  model from the path or repo the file names, with a class the file names.
 * ``trust-in-file``: a ``trust_remote_code`` key in any of the model's JSON files
   (CVE-2026-5241: a nested load that takes trust from a file). codeferry never takes trust
   from a file (``_trust.decide``); the key is listed so a reviewer sees it.
@@ -41,7 +44,8 @@ __all__ = ["DOOR_FILES", "KERNEL_FIELDS", "Door", "custom_pipeline_refs", "find_
 
 #: The JSON files a door can be named in: those that carry an ``auto_map``, and the
 #: generation config (``from_pretrained`` reads it with the model's own keywords).
-DOOR_FILES: tuple[str, ...] = (*AUTO_MAP_FILES, "generation_config.json")
+DOOR_FILES: tuple[str, ...] = (*AUTO_MAP_FILES, "generation_config.json",
+                               "audio_tokenizer_config.json")
 
 #: Config fields whose value transformers reads as an attention or experts implementation:
 #: a Hub kernel repo when it reads ``org/repo``.
@@ -168,6 +172,10 @@ def doors_of(data: Any, *, filename: str, text: str) -> list[Door]:
         elif key in ("use_kernels", "kernel_config") and value not in (None, False, {}, []):
             found.append(Door(filename, line, "hub-kernel", key_path, _short(value),
                               "asks transformers to replace layers with Hub kernels"))
+        elif key == "audio_tokenizer_name_or_path" and isinstance(value, str):
+            found.append(Door(filename, line, "nested-load", key_path, _short(value),
+                              "a processor loads another model from this path or repo "
+                              "(its weights, with a class the file names)"))
         elif key == "custom_pipelines" and filename == "config.json" and isinstance(value, dict):
             for task, entry in value.items():
                 impl = entry.get("impl") if isinstance(entry, dict) else entry
