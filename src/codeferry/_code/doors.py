@@ -220,9 +220,9 @@ def kernel_repos(root: str | Path) -> dict[str, Door]:
 
 
 def render_doors(doors: tuple[Door, ...]) -> str:
-    """The ``doors`` section of ``codeferry inspect``."""
+    """The ``doors`` section of ``codeferry inspect`` (nothing when there is none)."""
     if not doors:
-        return "doors    none besides auto_map\n"
+        return ""
     out = ["doors"]
     for door in doors:
         out.append(f"  {door.location}: {door.kind} {door.key} = {door.value}")
