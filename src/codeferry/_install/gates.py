@@ -181,7 +181,8 @@ def install(lock_in_force: Callable[[], bool]) -> None:
     hub_kernels = _module("transformers.integrations.hub_kernels")  # None: no Hub kernels
     if hub_kernels is not None:
         for name, gate in (("get_kernel", _gated_get_kernel), ("kernelize", _gated_kernelize),
-                           ("load_and_register_attn_kernel", _gated_attn_kernel)):
+                           ("load_and_register_attn_kernel", _gated_attn_kernel),
+                           ("load_and_register_kernel", _gated_attn_kernel)):  # 4.5x's name
             if hasattr(hub_kernels, name) and not patches.patched(hub_kernels, name):
                 patches.patch(hub_kernels, name, gate(getattr(hub_kernels, name)),
                               everywhere=True)
