@@ -155,3 +155,24 @@ def test_a_direct_kernel_request_under_a_lock_is_refused(tmp_path: Path,
     finally:
         codeferry.uninstall()
     assert hub_kernels.get_kernel.__module__ == "transformers.integrations.hub_kernels"
+
+
+def after_load(folder: str, mark: str, other: str, lock: str | None) -> dict[str, Any]:
+    """``codeferry.load`` of another model (with ``lock``, or trusted), then plain transformers."""
+    codeferry.load(other, lock=lock, trust_remote_code=lock is None)
+    return load_native(folder, mark, "plain", {})
+
+
+def test_a_plain_load_does_not_gate_but_a_locked_one_does(
+        kernel_model: tuple[Path, Path], factory_models: dict[str, Path], tmp_path: Path) -> None:
+    """``load()`` answers only for its own models: the process stays transformers' own, until
+    a lock binds it (then no Hub kernel runs in it)."""
+    folder, mark = kernel_model
+    other = factory_models["default"]
+    lock = tmp_path / "other.lock"
+    lock.write_text(Lock.from_bundle(codeferry.resolve(other)).dumps(), encoding="utf-8")
+    for used, refused in ((None, False), (str(lock), True)):
+        with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+            got = pool.submit(after_load, str(folder), str(mark), str(other), used).result(240)
+        assert (got.get("error") == "HubKernelRefusedError") is refused, (used, got)
+        assert not got["mark"]

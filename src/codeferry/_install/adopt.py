@@ -215,7 +215,8 @@ def _generation_hook() -> None:
     with _lock:
         _transformers.install_generation_mixin_hook()
         # the doors beside auto_map (Hub kernels), bound to the same lock as the answers
-        gates.install(lambda: _engine_lock is not None or locked())
+        gates.install(lambda: _engine_lock is not None or locked(),
+                      lambda: _installed or _engine_lock is not None or locked())
         _generation_pending = False
 
 

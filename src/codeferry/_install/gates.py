@@ -59,6 +59,7 @@ class _Call:
 _calls: contextvars.ContextVar[tuple[_Call, ...]] = contextvars.ContextVar(
     "codeferry_from_pretrained", default=())
 _lock_in_force: Callable[[], bool] = lambda: False  # noqa: E731 - set by install()
+_active: Callable[[], bool] = lambda: False  # noqa: E731 - set by install()
 
 
 def _call_of(model: Any, kwargs: dict[str, Any]) -> _Call:
@@ -106,6 +107,8 @@ def check_kernel(reference: str, *, asked: bool = False) -> None:
     """Raise ``HubKernelRefusedError`` unless Hub kernel ``reference`` may be fetched here.
 
     ``asked``: the call itself is one only a caller makes (``kernelize``)."""
+    if not _active():  # only load() ran here: the process is not codeferry's to gate
+        return
     repo = kernel_repo(str(reference))
     stack = _calls.get()
     outer = stack[0] if stack else None  # the caller's call; inner ones are transformers'
@@ -163,11 +166,12 @@ def _gated_kernelize(original: Any) -> Any:
     return kernelize
 
 
-def install(lock_in_force: Callable[[], bool]) -> None:
+def install(lock_in_force: Callable[[], bool], active: Callable[[], bool]) -> None:
     """Put the Hub kernel gates in place (idempotent); ``lock_in_force`` says whether a lock
-    binds this process now."""
-    global _lock_in_force
-    _lock_in_force = lock_in_force
+    binds this process now, ``active`` whether the gates decide at all (``install()``, an
+    engine, or a lock: not after a plain ``load()``, which answers only for its own models)."""
+    global _lock_in_force, _active
+    _lock_in_force, _active = lock_in_force, active
     from transformers import modeling_utils
     from transformers.models.auto import auto_factory, modeling_auto
 
