@@ -110,10 +110,14 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
     Static analysis of a model's remote code. Executes nothing.
     """
+    from ._code.doors import find_doors, render_doors
+
     bundle = _bundle(args)
     if args.graph:
         _write_graph(Path(args.graph), render_dot(bundle))
-    _show(args, bundle.to_json(), render_report(bundle))
+    doors = find_doors(bundle.origin.root)  # what the JSON files open besides auto_map
+    _show(args, {**bundle.to_json(), "doors": [d.to_json() for d in doors]},
+          render_report(bundle) + render_doors(doors))
     return 1 if bundle.blocking else 0
 
 

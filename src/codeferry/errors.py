@@ -825,3 +825,20 @@ class ModelSignatureError(CodeferryError, PermissionError):
 
 
 __all__ += ["ModelSignatureError"]
+
+# -- the other doors: Hub kernels ----------------------------------------------------------
+
+
+class HubKernelRefusedError(CodeferryError, PermissionError):
+    """transformers was about to fetch and import a Hub kernel (the ``kernels`` package) that
+    nobody decided may run here: under a lock (no kernel repo is in a lock), or named only by
+    the model's own config without the caller's ``trust_remote_code``. ``repo`` is the kernel
+    repo; ``path``/``line`` name the config field when the model's files name it. Nothing was
+    downloaded or imported."""
+
+    def __init__(self, message: str, *, repo: str = "", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.repo = repo
+
+
+__all__ += ["HubKernelRefusedError"]

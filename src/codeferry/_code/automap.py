@@ -9,6 +9,7 @@ Values take three shapes (transformers' ``get_class_from_dynamic_module``)::
     "AutoConfig": "configuration_x.XConfig"                      # module.Class
     "AutoTokenizer": ["tokenization_x.XTokenizer", null]         # a [slow, fast] pair
     "AutoModel": "org/other--modeling_y.YModel"                  # cross-repo reference
+    "AutoImageProcessor": {"pil": "ip_x.XSlow", "torchvision": "ip_x.XFast"}  # per backend (5.x)
 
 and they appear in ``config.json`` (also inside nested sub-configs such as
 ``llm_config``), ``tokenizer_config.json`` (where a bare list is the legacy form of
@@ -160,6 +161,11 @@ def _entries(
             values: list[tuple[int | None, str | None]] = [(None, value)]
         elif isinstance(value, list) and value and all(v is None or isinstance(v, str) for v in value):
             values = list(enumerate(value))
+        elif isinstance(value, dict) and value and all(
+                v is None or isinstance(v, str) for v in value.values()):
+            # transformers 5: an image/video processor per backend ({"pil": ..., "torchvision":
+            # ...}); each is code of the model, in the slot of its order
+            values = list(enumerate(value.values()))
         else:
             raise InvalidAutoMapError(
                 f"auto_map[{_short(key)}] must be 'module.Class' or a [slow, fast] list, "

@@ -40,6 +40,7 @@ from . import hub as _hub
 from .automap import AUTO_MAP_FILES, ClassRef, parse_auto_maps, qualified
 from .bundle import Bundle, Door, FileEntry
 from .digest import bundle_digest, file_sha256
+from .doors import custom_pipeline_refs
 from .requirements import check_transformers_names, collect_requirements, missing_packages
 from .source import ModelOrigin, read_bytes
 from .walk import LFS_HEADER, Walker
@@ -83,7 +84,7 @@ def _load_json(path: Path) -> tuple[Any, str]:
 
 
 def read_class_refs(origin: ModelOrigin) -> list[ClassRef]:
-    """Every ``auto_map`` entry of the model, file by file."""
+    """Every ``auto_map`` entry of the model, file by file, and its ``custom_pipelines``."""
     config = origin.root / "config.json"
     if not config.is_file():
         raise ConfigNotFoundError(
@@ -97,6 +98,8 @@ def read_class_refs(origin: ModelOrigin) -> list[ClassRef]:
         if path.is_file():
             data, text = _load_json(path)
             refs += parse_auto_maps(data, filename=name, path=str(path), text=text)
+            if name == "config.json":  # pipeline() executes these classes too
+                refs += custom_pipeline_refs(data, path=str(path), text=text)
     return refs
 
 

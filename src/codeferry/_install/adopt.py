@@ -55,8 +55,10 @@ from .._hf import patches
 from .._runtime import loader as _loader
 from .._runtime import pickling as _pickling
 from .._trust.decide import locked_files, transformers_ran
+from .._trust.policy import locked
 from ..errors import CodeferryError, LockMismatchError, ModelNotFoundError
 from . import gate as _gate
+from . import gates
 
 if TYPE_CHECKING:
     from .._code.lockfile import Lock
@@ -221,6 +223,9 @@ def _generation_hook() -> None:
     with _lock:
         _transformers.install_generation_mixin_hook()
         _gate.install_custom_generate(lambda: _engine_lock)
+        # the doors beside auto_map (Hub kernels), bound to the same lock as the answers
+        gates.install(lambda: _engine_lock is not None or locked(),
+                      lambda: _installed or _engine_lock is not None or locked())
         _generation_pending = False
 
 

@@ -20,7 +20,9 @@ are here too, so that no other module decides trust:
   check passed), so this process trusts exactly those bytes when codeferry adopts them;
 - ``caller_trusts``: a ``from_pretrained`` call that codeferry answers instead of
   transformers carries the caller's decision in its ``trust_remote_code`` keyword;
-- ``environment_lock``: the lock that binds every process of an engine (``CODEFERRY_LOCK``).
+- ``environment_lock``: the lock that binds every process of an engine (``CODEFERRY_LOCK``);
+- ``kernel_refusal``: whether transformers may fetch and import a Hub kernel (the ``kernels``
+  package), a door beside remote code that no lock lists.
 
 A decision is about one digest, not a folder: ``code_changed`` is the error of a process
 that finds other code than the digest its parent decided on. ``record`` makes a decision
@@ -44,7 +46,8 @@ from . import policy as _policy
 
 __all__ = [
     "DEMO_DIGEST", "Decision", "caller_trusts", "code_changed", "decide", "decide_door",
-    "environment_lock", "locked_files", "record", "transformers_ran", "trust_error",
+    "environment_lock", "kernel_refusal", "locked_files", "record", "transformers_ran",
+    "trust_error",
 ]
 
 #: Digest of the code of the bundled demo model (``codeferry/demo``), the only remote code
@@ -161,3 +164,23 @@ def code_changed(bundle: Bundle, expected: str) -> CodeChangedError:
         fix="the model folder changed while in use: restore it, or start a new Executor "
         "(rerun the command) to check the new code (`codeferry inspect MODEL` shows it).",
     )
+
+
+def kernel_refusal(
+    *, locked: bool, named_by_model: bool, caller_named: bool, caller_trusts: bool
+) -> str | None:
+    """Why a Hub kernel may not be fetched and imported here, or ``None`` when it may.
+
+    A lock lists the exact code a process may run, and no kernel repo is ever in one: under
+    a lock every kernel is refused, whoever named it. Without a lock, a kernel the caller
+    asked for (``attn_implementation=``, ``use_kernels``, ``kernel_config``) is the caller's
+    decision; one named only by the model's own files is remote code like ``auto_map`` code,
+    and runs only with the caller's ``trust_remote_code`` (never with a file's: CVE-2026-5241,
+    CVE-2026-4372).
+    """
+    if locked:
+        return "a lock binds this process, and no lock lists a Hub kernel"
+    if named_by_model and not caller_named and not caller_trusts:
+        return ("the model's own files name it, and the caller did not pass "
+                "trust_remote_code=True")
+    return None

@@ -12,7 +12,7 @@ import threading
 
 from ..errors import LockMismatchError
 
-__all__ = ["allow", "allow_files", "check_allowed", "locked_files"]
+__all__ = ["allow", "allow_files", "check_allowed", "locked", "locked_files"]
 
 _lock = threading.Lock()
 _allowed: set[str] = set()
@@ -39,6 +39,12 @@ def locked_files() -> frozenset[tuple[str, str]] | None:
     """The files some lock of this process lists, or ``None`` while no lock binds it."""
     with _lock:
         return frozenset(_files) if _locked else None
+
+
+def locked() -> bool:
+    """Whether a lock binds this process (``load(..., lock=...)`` ran here)."""
+    with _lock:
+        return _locked
 
 
 def check_allowed(digest: str, label: str) -> None:

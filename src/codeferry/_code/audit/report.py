@@ -9,7 +9,9 @@ code, and why it matters:
 * ``network``: talks to the network (``socket``, ``requests``, ``urllib.request``,
   ``http.client``, ``httpx``, ``aiohttp``, Hub downloads, ``from_pretrained``, ``torch.hub``);
 * ``dynamic-code``: runs code that is not in these files (``eval``, ``exec``, ``compile``,
-  ``__import__``, ``importlib``, ``runpy``, another repo's remote code);
+  ``__import__``, ``importlib``, ``runpy``, another repo's remote code), and the doors the
+  model's JSON files open (``_code.doors``: Hub kernels, ``trust_remote_code`` keys, custom
+  pipelines), at the file and line that names them;
 * ``native-code``: loads or builds native code (``ctypes``, ``cffi``,
   ``torch.utils.cpp_extension``, ``torch.ops.load_library``, compilers run as programs,
   shared library names);
@@ -38,6 +40,7 @@ import ast
 import os
 
 from ..automap import qualified
+from ..doors import find_doors
 from ..resolve import Bundle, resolve
 from .findings import CATEGORIES, AuditReport, Finding
 from .visitor import Auditor
@@ -73,7 +76,15 @@ def audit_bundle(bundle: Bundle) -> AuditReport:
             skipped.append((shown, "nested too deeply to analyse"))
         except ValueError as exc:  # e.g. null bytes, on Pythons that report them so
             skipped.append((shown, f"not valid Python ({exc})"))
+    findings += door_findings(bundle)
     return AuditReport(bundle.origin.name, bundle.digest, tuple(findings), tuple(skipped))
+
+
+def door_findings(bundle: Bundle) -> list[Finding]:
+    """The doors the model's JSON files open (``_code.doors``), as ``dynamic-code`` findings:
+    each runs or fetches code that the audited Python files do not show."""
+    return [Finding(None, door.file, door.line, 1, "dynamic-code", f"{door.key} = {door.value}",
+                    f"{door.kind}: {door.reason}") for door in find_doors(bundle.origin.root)]
 
 
 def audit(model: str | os.PathLike[str], *, revision: str | None = None,

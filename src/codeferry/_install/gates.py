@@ -1,0 +1,205 @@
+"""Runtime gates for the doors beside ``auto_map``: Hub kernels.
+
+transformers fetches and imports a Hub kernel (the ``kernels`` package) when a model's
+config names one as its attention or experts implementation (``attn_implementation:
+"org/repo"``, in 4.53 also the private ``_attn_implementation_internal`` copied from the file:
+CVE-2026-4372), when the caller passes ``use_kernels=True`` / ``kernel_config``, or through
+its own kernel mapping. None of it passes ``get_class_from_dynamic_module``, so neither
+``install()``'s hook nor a lock saw it. These gates do, through the one patch registry
+(``_hf.patches``):
+
+* ``load_and_register_attn_kernel`` (where transformers turns an attention implementation
+  into a kernel), every ``get_kernel`` (transformers' wrapper in ``integrations.hub_kernels`` and the
+  ``kernels`` package's own, wherever a module bound it by name) and transformers'
+  ``kernelize`` ask ``_trust.decide.kernel_refusal`` first, and raise
+  ``HubKernelRefusedError`` before anything is downloaded or imported when it refuses;
+* ``PreTrainedModel.from_pretrained`` and the Auto model classes' ``from_pretrained``
+  record the caller's call (the outermost one: nested loads that transformers makes cannot
+  add trust) so the decision knows the model, whether the caller trusts its code, and
+  whether the caller named a kernel itself.
+
+``install`` is called once from ``adopt`` (``install()``, ``install_for_engine``, the boot of
+``codeferry exec`` at the first remote class); ``uninstall()``'s ``restore_all`` undoes it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._code.doors import is_kernel_repo, kernel_repo, kernel_repos
+from .._code.source import locate
+from .._hf import patches
+from .._trust.decide import kernel_refusal
+from ..errors import CodeferryError, HubKernelRefusedError
+
+__all__ = ["install"]
+
+#: The keywords of ``from_pretrained`` by which a caller asks for kernels itself.
+_KERNEL_KEYWORDS = ("attn_implementation", "experts_implementation", "use_kernels",
+                    "kernel_config")
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One ``from_pretrained`` call: its model, and the keywords the gate decides on."""
+
+    model: Any
+    trust_remote_code: bool
+    kernels: tuple[str, ...]  # kernel repos the caller named (attn/experts implementation)
+    asked_kernels: bool  # use_kernels / kernel_config: the caller chose kernels itself
+    revision: str | None
+    cache_dir: Any
+
+
+_calls: contextvars.ContextVar[tuple[_Call, ...]] = contextvars.ContextVar(
+    "codeferry_from_pretrained", default=())
+_lock_in_force: Callable[[], bool] = lambda: False  # noqa: E731 - set by install()
+_active: Callable[[], bool] = lambda: False  # noqa: E731 - set by install()
+
+
+def _call_of(model: Any, kwargs: dict[str, Any]) -> _Call:
+    named: list[str] = []
+    for key in ("attn_implementation", "experts_implementation"):
+        value = kwargs.get(key)
+        values = value.values() if isinstance(value, dict) else [value]
+        named += [kernel_repo(v) for v in values if isinstance(v, str) and "/" in v]
+    return _Call(model, bool(kwargs.get("trust_remote_code")), tuple(named),
+                 bool(kwargs.get("use_kernels") or kwargs.get("kernel_config")),
+                 kwargs.get("revision"), kwargs.get("cache_dir"))
+
+
+def _recording(func: Any) -> Any:
+    """``from_pretrained`` (the function of a classmethod) that records its call."""
+
+    def from_pretrained(cls: Any, pretrained_model_name_or_path: Any, *args: Any,
+                        **kwargs: Any) -> Any:
+        token = _calls.set((*_calls.get(), _call_of(pretrained_model_name_or_path, kwargs)))
+        try:
+            return func(cls, pretrained_model_name_or_path, *args, **kwargs)
+        finally:
+            _calls.reset(token)
+
+    from_pretrained.__doc__ = getattr(func, "__doc__", None)
+    from_pretrained.__wrapped__ = func  # type: ignore[attr-defined]
+    return from_pretrained
+
+
+def _named_by_model(call: _Call | None, repo: str) -> tuple[bool, str | None, int | None]:
+    """Whether the model of ``call`` names kernel ``repo`` in its files, and where."""
+    if call is None or not isinstance(call.model, (str, Path)):
+        return False, None, None
+    try:
+        root = locate(call.model, revision=call.revision, cache_dir=call.cache_dir).root
+    except (CodeferryError, OSError, ValueError):
+        return False, None, None
+    door = kernel_repos(root).get(repo)
+    if door is None:
+        return False, None, None
+    return True, str(root / door.file), door.line
+
+
+def check_kernel(reference: str, *, asked: bool = False) -> None:
+    """Raise ``HubKernelRefusedError`` unless Hub kernel ``reference`` may be fetched here.
+
+    ``asked``: the call itself is one only a caller makes (``kernelize``)."""
+    if not _active():  # only load() ran here: the process is not codeferry's to gate
+        return
+    repo = kernel_repo(str(reference))
+    stack = _calls.get()
+    outer = stack[0] if stack else None  # the caller's call; inner ones are transformers'
+    named, path, line = _named_by_model(outer, repo)
+    if outer is None:  # no from_pretrained: the caller's own code asks for it
+        caller_named = True
+    else:
+        caller_named = asked or repo in outer.kernels or (outer.asked_kernels and not named)
+    why = kernel_refusal(locked=_lock_in_force(), named_by_model=named,
+                         caller_named=caller_named,
+                         caller_trusts=outer is not None and outer.trust_remote_code)
+    if why is None:
+        return
+    where = f" (named at {Path(path).name}:{line})" if path else ""
+    raise HubKernelRefusedError(
+        f"transformers was about to download and import the Hub kernel {repo}{where}: {why}; "
+        "nothing was fetched or imported.",
+        repo=repo, path=path, line=line,
+        fix="drop the kernel (remove the field from the model's config, or pass "
+        "attn_implementation='sdpa'), or, without a lock, pass trust_remote_code=True after "
+        "reviewing the kernel repo; codeferry does not lock Hub kernels.",
+    )
+
+
+def _gated_get_kernel(original: Any) -> Any:
+    def get_kernel(repo_id: Any, *args: Any, **kwargs: Any) -> Any:
+        check_kernel(repo_id)
+        return original(repo_id, *args, **kwargs)
+
+    get_kernel.__wrapped__ = original  # type: ignore[attr-defined]
+    return get_kernel
+
+
+def _gated_attn_kernel(original: Any) -> Any:
+    """transformers' ``load_and_register_attn_kernel``: it checks that ``kernels`` is
+    installed before it calls ``get_kernel``, so the decision comes first here."""
+
+    def load_and_register_attn_kernel(attn_implementation: Any, *args: Any, **kwargs: Any) -> Any:
+        name = str(attn_implementation).rsplit("|", 1)[-1]
+        if is_kernel_repo(name):
+            check_kernel(name)
+        return original(attn_implementation, *args, **kwargs)
+
+    load_and_register_attn_kernel.__wrapped__ = original  # type: ignore[attr-defined]
+    return load_and_register_attn_kernel
+
+
+def _gated_kernelize(original: Any) -> Any:
+    def kernelize(*args: Any, **kwargs: Any) -> Any:
+        if _lock_in_force():
+            check_kernel("kernels/kernelize", asked=True)
+        return original(*args, **kwargs)
+
+    kernelize.__wrapped__ = original  # type: ignore[attr-defined]
+    return kernelize
+
+
+def install(lock_in_force: Callable[[], bool], active: Callable[[], bool]) -> None:
+    """Put the Hub kernel gates in place (idempotent); ``lock_in_force`` says whether a lock
+    binds this process now, ``active`` whether the gates decide at all (``install()``, an
+    engine, or a lock: not after a plain ``load()``, which answers only for its own models)."""
+    global _lock_in_force, _active
+    _lock_in_force, _active = lock_in_force, active
+    from transformers import modeling_utils
+    from transformers.models.auto import auto_factory, modeling_auto
+
+    # Each Auto model class carries a copy of the base's from_pretrained (auto_class_update)
+    autos = [c for c in vars(modeling_auto).values() if isinstance(c, type)
+             and issubclass(c, auto_factory._BaseAutoModelClass) and "from_pretrained" in vars(c)]
+    for owner in (modeling_utils.PreTrainedModel, auto_factory._BaseAutoModelClass, *autos):
+        if not patches.patched(owner, "from_pretrained"):
+            func = patches.original(owner, "from_pretrained").__func__
+            patches.patch(owner, "from_pretrained", classmethod(_recording(func)))
+    hub_kernels = _module("transformers.integrations.hub_kernels")  # None: no Hub kernels
+    if hub_kernels is not None:
+        for name, gate in (("get_kernel", _gated_get_kernel), ("kernelize", _gated_kernelize),
+                           ("load_and_register_attn_kernel", _gated_attn_kernel),
+                           ("load_and_register_kernel", _gated_attn_kernel)):  # 4.5x's name
+            if hasattr(hub_kernels, name) and not patches.patched(hub_kernels, name):
+                patches.patch(hub_kernels, name, gate(getattr(hub_kernels, name)),
+                              everywhere=True)
+    kernels = _module("kernels")  # None: transformers cannot fetch a kernel either
+    if kernels is not None and hasattr(kernels, "get_kernel") and not patches.patched(
+            kernels, "get_kernel"):
+        patches.patch(kernels, "get_kernel", _gated_get_kernel(kernels.get_kernel),
+                      everywhere=True)
+
+
+def _module(name: str) -> Any:
+    """The module ``name``, imported if needed; ``None`` where it is not installed."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None

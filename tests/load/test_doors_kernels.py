@@ -1,0 +1,178 @@
+"""Hub kernels (the ``kernels`` package): a model whose config names a kernel repo as its
+attention makes transformers fetch and import that repo's code with no ``trust_remote_code``
+(CVE-2026-4372's pattern). codeferry refuses it before anything is fetched or imported:
+under a lock always (no lock lists a kernel), without one unless the caller trusts the model
+or named the kernel itself; in this process and in spawned workers that install codeferry.
+
+A kernel repo is written into the offline hub cache (``kernels--org--name``, a universal
+build) whose code writes a MARK file when imported, and every refusal asserts the MARK absent.
+This environment has no ``kernels`` release that transformers 5.23 accepts (it wants
+>= 0.18.2), so plain transformers stops at that check: the plain case proves that it goes for
+the config's kernel without any trust, not that the kernel's code runs.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing as mp
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _doors import write_native_model
+
+import codeferry
+from codeferry._code.doors import kernel_repos
+from codeferry._code.lockfile import Lock
+from codeferry._install.adopt import install_for_engine
+from codeferry.errors import HubKernelRefusedError
+
+KERNEL = "kernels-community/flash-evil"
+
+
+def write_kernel_repo(cache: Path, repo: str, mark: Path) -> Path:
+    """A kernel repo in the hub cache layout, universal build variant, code writes ``mark``."""
+    folder = cache / ("kernels--" + repo.replace("/", "--"))
+    commit = "c" * 40
+    (folder / "refs").mkdir(parents=True, exist_ok=True)
+    (folder / "refs" / "main").write_text(commit, encoding="utf-8")
+    package = folder / "snapshots" / commit / "build" / "torch-universal" / repo.split("/")[1].replace("-", "_")
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").write_text(
+        f"open({str(mark)!r}, 'a').write('imported\\n')\n"
+        "def flash_attn_varlen_func(*a, **k):\n    raise RuntimeError('evil')\n",
+        encoding="utf-8")
+    return folder
+
+
+def load_native(folder: str, mark: str, how: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``AutoModelForCausalLM.from_pretrained`` after ``how``: plain transformers,
+    ``install()``, or ``install_for_engine`` with the lock ``kwargs.pop('lock')``."""
+    lock = kwargs.pop("lock", None)
+    if how == "install":
+        codeferry.install()
+    elif how == "engine":
+        install_for_engine(codeferry.read_lock(lock))
+    from transformers import AutoModelForCausalLM
+
+    try:
+        AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+        out: dict[str, Any] = {"loaded": True}
+    except Exception as exc:
+        out = {"error": type(exc).__name__, "message": str(exc),
+               "path": getattr(exc, "path", None), "line": getattr(exc, "line", None)}
+    finally:
+        if how != "plain":
+            codeferry.uninstall()
+    out["mark"] = os.path.exists(mark)
+    return out
+
+
+@pytest.fixture(scope="module")
+def kernel_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("kernel_model")
+    mark = root / "MARK"
+    write_kernel_repo(Path(os.environ["HF_HOME"]) / "hub", KERNEL, mark)
+    return write_native_model(root / "m", attn_implementation=KERNEL), mark
+
+
+@pytest.fixture(scope="module")
+def spawned() -> Any:
+    with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        yield pool
+
+
+def _line(path: Path, needle: str) -> int:
+    return next(n for n, t in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+                if needle in t)
+
+
+def test_the_door_plain_transformers_reaches_for_the_config_kernel(kernel_model: tuple[Path, Path]) -> None:
+    """No trust_remote_code anywhere, no auto_map: plain transformers still goes for the
+    kernel the config names (here it stops at the kernels package, which this environment
+    does not have in the version transformers wants; with it, it would fetch the repo)."""
+    folder, mark = kernel_model
+    got = load_native(str(folder), str(mark), "plain", {})
+    assert got.get("error") != "HubKernelRefusedError", got
+    # with a kernels release it accepts, the kernel's code ran (MARK); without, it says so
+    assert got["mark"] or ("kernel" in got["message"].lower()
+                           and "trust_remote_code" not in got["message"]), got
+    assert kernel_repos(folder) == {KERNEL: kernel_repos(folder)[KERNEL]}
+
+
+@pytest.mark.parametrize("where", ["parent", "spawned"])
+def test_install_refuses_a_kernel_only_the_config_names(
+        kernel_model: tuple[Path, Path], spawned: Any, where: str) -> None:
+    folder, mark = kernel_model
+    args = (str(folder), str(mark), "install", {})
+    got = load_native(*args) if where == "parent" else spawned.submit(load_native, *args).result(240)
+    assert got["error"] == "HubKernelRefusedError", got
+    assert got["path"] == str(folder / "config.json")
+    assert got["line"] == _line(folder / "config.json", '"attn_implementation"')
+    assert KERNEL in got["message"] and not got["mark"]
+
+
+def test_the_callers_trust_or_own_kernel_passes_the_gate(kernel_model: tuple[Path, Path]) -> None:
+    """Without a lock the caller decides: trust_remote_code=True, or naming the kernel itself,
+    goes on to transformers (which stops at the kernels package here, as plain)."""
+    folder, mark = kernel_model
+    for kwargs in ({"trust_remote_code": True}, {"attn_implementation": KERNEL}):
+        got = load_native(str(folder), str(mark), "install", dict(kwargs))
+        assert got.get("error") != "HubKernelRefusedError", (kwargs, got)
+
+
+@pytest.mark.parametrize("where", ["parent", "spawned"])
+def test_under_a_lock_no_kernel_runs_even_the_callers(
+        kernel_model: tuple[Path, Path], factory_models: dict[str, Path], tmp_path: Path,
+        spawned: Any, where: str) -> None:
+    folder, mark = kernel_model
+    lock = tmp_path / "any.lock"
+    lock.write_text(Lock.from_bundle(codeferry.resolve(factory_models["default"])).dumps(),
+                    encoding="utf-8")
+    for kwargs in ({"trust_remote_code": True}, {"attn_implementation": KERNEL}):
+        args = (str(folder), str(mark), "engine", {**kwargs, "lock": str(lock)})
+        got = load_native(*args) if where == "parent" else spawned.submit(
+            load_native, *args).result(240)
+        assert got["error"] == "HubKernelRefusedError", (kwargs, got)
+        assert "a lock binds this process" in got["message"] and not got["mark"]
+
+
+def test_a_direct_kernel_request_under_a_lock_is_refused(tmp_path: Path,
+                                                         factory_models: dict[str, Path]) -> None:
+    """transformers' own ``get_kernel``/``load_and_register_attn_kernel``, called with no
+    model load around them, are gated too."""
+    from transformers.integrations import hub_kernels
+
+    lock = Lock.from_bundle(codeferry.resolve(factory_models["default"]))
+    install_for_engine(lock)
+    try:
+        for call in (lambda: hub_kernels.get_kernel(KERNEL),
+                     lambda: hub_kernels.load_and_register_attn_kernel(KERNEL)):
+            with pytest.raises(HubKernelRefusedError) as info:
+                call()
+            assert info.value.repo == KERNEL
+    finally:
+        codeferry.uninstall()
+    assert hub_kernels.get_kernel.__module__ == "transformers.integrations.hub_kernels"
+
+
+def after_load(folder: str, mark: str, other: str, lock: str | None) -> dict[str, Any]:
+    """``codeferry.load`` of another model (with ``lock``, or trusted), then plain transformers."""
+    codeferry.load(other, lock=lock, trust_remote_code=lock is None)
+    return load_native(folder, mark, "plain", {})
+
+
+def test_a_plain_load_does_not_gate_but_a_locked_one_does(
+        kernel_model: tuple[Path, Path], factory_models: dict[str, Path], tmp_path: Path) -> None:
+    """``load()`` answers only for its own models: the process stays transformers' own, until
+    a lock binds it (then no Hub kernel runs in it)."""
+    folder, mark = kernel_model
+    other = factory_models["default"]
+    lock = tmp_path / "other.lock"
+    lock.write_text(Lock.from_bundle(codeferry.resolve(other)).dumps(), encoding="utf-8")
+    for used, refused in ((None, False), (str(lock), True)):
+        with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+            got = pool.submit(after_load, str(folder), str(mark), str(other), used).result(240)
+        assert (got.get("error") == "HubKernelRefusedError") is refused, (used, got)
+        assert not got["mark"]
