@@ -29,7 +29,7 @@ from typing import TypeAlias
 
 from . import _settings
 from ._code.resolve import Bundle
-from ._commands.render import remote_tail, render_dot, render_report
+from ._commands.render import inspected, remote_tail, render_dot
 from ._commands.vouch import hub_options
 from ._trust.options import ModelOptions
 from ._version import package_version
@@ -110,14 +110,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
     Static analysis of a model's remote code. Executes nothing.
     """
-    from ._code.doors import find_doors, render_doors
-
     bundle = _bundle(args)
     if args.graph:
         _write_graph(Path(args.graph), render_dot(bundle))
-    doors = find_doors(bundle.origin.root)  # what the JSON files open besides auto_map
-    _show(args, {**bundle.to_json(), "doors": [d.to_json() for d in doors]},
-          render_report(bundle) + render_doors(doors))
+    _show(args, *inspected(bundle))
     return 1 if bundle.blocking else 0
 
 

@@ -131,7 +131,7 @@ def test_audit_and_inspect_list_the_doors(doored: Path) -> None:
     assert shown.returncode == 1
     assert f"config.json:{_line(doored / 'config.json', 'trust_remote_code')}:1: trust_remote_code" in shown.stdout
     data = json.loads(cli("inspect", str(doored), "--json").stdout)
-    assert {(d["file"], d["kind"]) for d in data["doors"]} == {
+    assert {(d["path"], d["door"]) for d in data["doors"]} == {
         (d.file, d.kind) for d in find_doors(doored)}
 
 

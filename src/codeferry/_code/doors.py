@@ -92,7 +92,9 @@ class Door:
         return f"{self.file}:{self.line}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"file": self.file, "line": self.line, "kind": self.kind, "key": self.key,
+        # the shape of ``Bundle.to_json``'s code doors (door, path, line), with the JSON key
+        # that opens it, its value and why it matters: one ``doors`` list in ``inspect --json``
+        return {"door": self.kind, "path": self.file, "line": self.line, "key": self.key,
                 "value": self.value, "reason": self.reason}
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from typing import Any
 
 from .._code.automap import qualified
+from .._code.doors import find_doors, render_doors
 from .._code.resolve import Bundle
 from ..errors import RemoteTraceback
 
-__all__ = ["remote_tail", "render_report", "render_dot"]
+__all__ = ["inspected", "remote_tail", "render_report", "render_dot"]
 
 
 def _size(n: int) -> str:
@@ -100,6 +102,16 @@ def render_report(bundle: Bundle) -> str:
         level = "error" if problem.blocking else "note"
         out.append(f"  {level}: {problem}")
     return "\n".join(out) + "\n"
+
+
+def inspected(bundle: Bundle) -> tuple[dict[str, Any], str]:
+    """What ``codeferry inspect`` shows: ``--json``'s data and the text. One ``doors`` list:
+    the code transformers also runs (the bundle's) and the places the model's JSON files open
+    a door besides ``auto_map`` (``_code.doors``: Hub kernels, trust keys, nested loads)."""
+    doors = find_doors(bundle.origin.root)
+    data = bundle.to_json()
+    data["doors"] += [d.to_json() for d in doors]
+    return data, render_report(bundle) + render_doors(doors)
 
 
 def _quote(text: str) -> str:
