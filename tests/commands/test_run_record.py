@@ -21,7 +21,7 @@ import pytest
 # already imported here.
 import torch  # noqa: F401
 import transformers.modeling_utils  # noqa: F401
-from _helpers import read_jsonl, write_jsonl
+from _helpers import GENERATED, read_jsonl, write_jsonl
 
 import codeferry
 from codeferry import cli, errors
@@ -61,9 +61,11 @@ def test_a_resume_by_another_producer_is_refused_unless_forced(
     run(model, source, output, max_new_tokens=3, **FAST)
     producer = {"model": str(model.resolve()), "digest": first, "task": "generate",
                 "options": {"dtype": None, "max_new_tokens": 3}}
-    assert record(output) == {"format": "codeferry-run/2", **producer, "earlier": [],
-                              "inputs": digests(ROWS[:2])}
-    assert all(set(json.loads(line)) == {"id", "output"}
+    summary = record(output).pop("summary")
+    assert summary["written"] == 2 and summary["completion_tokens"] == 6
+    assert {k: v for k, v in record(output).items() if k != "summary"} == {
+        "format": "codeferry-run/2", **producer, "earlier": [], "inputs": digests(ROWS[:2])}
+    assert all(set(json.loads(line)) == GENERATED
                for line in output.read_text(encoding="utf-8").splitlines())  # lines unchanged
 
     # the same producer resumes exactly as before
