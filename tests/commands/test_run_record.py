@@ -92,6 +92,7 @@ def test_a_resume_by_another_producer_is_refused_unless_forced(
     assert info.value.path == str(output) and "--force-resume" in str(info.value)
     argv = ["run", str(model), "--input", str(source), "-o", str(output), "--trust-remote-code",
             "--max-new-tokens", "3", "--workers", "1", "--start-method", "fork"]
+    capsys.readouterr()  # the earlier runs' summaries
     assert cli.main(argv) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "digest" in err and "--force-resume" in err
@@ -146,6 +147,7 @@ def test_an_input_edited_under_answered_ids_is_refused(
     write_jsonl(source, edited)
     argv = ["run", str(model), "--input", str(source), "-o", str(output), "--trust-remote-code",
             "--max-new-tokens", "2", "--workers", "1", "--start-method", "fork"]
+    capsys.readouterr()  # the earlier run's summary
     assert cli.main(argv) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and 'line 2 (id "r1")' in err and "--force-resume" in err
