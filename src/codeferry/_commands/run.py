@@ -362,8 +362,9 @@ def _stopped(item: InputItem, fault: BaseException, result: RunResult,
     fix = fault.fix if isinstance(fault, CodeferryError) and fault.fix else ""
     error = RunStoppedError(
         f"the run stopped at input {json.dumps(item.id)} (line {item.line} of the input): "
-        f"{type(fault).__name__}: {what.rstrip('.')}. That is a fault of the machine, not an "
-        f"answer for the input, so none of it was written: {where} holds "
+        f"{type(fault).__name__}: {what.rstrip('.')}. That is a fault of "
+        f"{'how the run was started' if isinstance(fault, ChatTemplateMissingError) else 'the machine'}"
+        f", not an answer for the input, so none of it was written: {where} holds "
         f"{result.skipped + result.written} of {result.total} lines.",
         path=None if sink.path is None else str(sink.path),
         written=result.skipped + result.written, total=result.total,
