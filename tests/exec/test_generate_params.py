@@ -56,7 +56,7 @@ def test_a_seeded_request_gives_the_same_text_alone_and_in_any_batch(
         executor: Executor) -> None:
     seeded = SamplingParams(temperature=1.0, seed=1234, max_tokens=12)
     alone = executor.generate(["abc"], seeded)[0].text
-    mixed = executor.generate(PROMPTS + ["abc"], [
+    mixed = executor.generate([*PROMPTS, "abc"], [
         SamplingParams(temperature=0.7, max_tokens=5), SamplingParams(max_tokens=12),
         SamplingParams(temperature=1.0, seed=7, max_tokens=12), seeded, seeded],
         batch_size=5)
