@@ -12,9 +12,10 @@ The worker
    each group is one ``generate`` call over left-padded rows, run to the group's longest
    ``max_tokens``; a seeded request is a group of its own, under its own seed
    (``torch.random.fork_rng``), so its text is the same alone or in any batch;
-3. cuts each row at its end (``_finish``): the first end-of-sequence or stop token (kept,
-   as vLLM counts it), its own ``max_tokens``, or the first stop string (the text ends
-   before it; the tokens up to the one that completed it are counted).
+3. cuts each row at its end (``_finish``): the first end-of-sequence or stop token (in the
+   token ids and counted, not in the text, as vLLM does), its own ``max_tokens``, or the
+   first stop string (the text ends before it; the tokens up to the one that completed it
+   are counted).
 
 Issue 20 may change how groups are batched for speed; the steps stay these.
 """
@@ -217,7 +218,8 @@ def _finish(tokenizer: Any, row: list[int], logprobs: list[dict[str, Any]] | Non
             finish = "stop"
             reason = token if token in params.stop_token_ids and token not in ends else None
             break
-    text = str(tokenizer.decode(row, skip_special_tokens=True))
+    # a stop token (end of sequence too) is counted, not shown: as vLLM's detokenizer
+    text = str(tokenizer.decode(row[:-1] if finish == "stop" else row, skip_special_tokens=True))
     if params.stop:
         cut, which = cut_at_stop(text, params.stop)
         if which is not None:

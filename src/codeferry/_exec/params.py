@@ -76,9 +76,9 @@ class SamplingParams:
     As vLLM's ``SamplingParams``: ``temperature`` (0: greedy), ``top_p``, ``top_k`` (0 or
     -1: off), ``min_p``, ``seed`` (the request's text is the same whatever batch it shares),
     ``max_tokens``, ``min_tokens``, ``stop`` (strings: the text ends before the first, the
-    finish reason is "stop"), ``stop_token_ids`` (ends after such a token), ``n`` (completions
-    per request), ``presence_penalty``/``frequency_penalty`` (OpenAI's, on the tokens
-    generated so far), ``repetition_penalty`` (transformers', prompt included), ``logprobs``
+    finish reason is "stop"), ``stop_token_ids`` (end at such a token: counted, not in the
+    text), ``n`` (completions per request), ``presence_penalty``/``frequency_penalty``
+    (OpenAI's, on the tokens generated so far), ``repetition_penalty`` (transformers', prompt included), ``logprobs``
     (the chosen token's logprob, and this many alternatives per token; 0: the chosen only).
     Out-of-range values raise ``SamplingParamsError``.
     """
