@@ -192,3 +192,43 @@ def test_inputs_that_would_be_misread_are_refused_naming_file_and_line(
     code, out, err = run_cli(capsys, "run", str(DEMO), "--input", str(source), "-o", str(output))
     assert code == 1 and out == "" and re.search(rf"in\.json:{line}: ", err)
     assert not output.exists()
+
+
+RAISING = '''
+
+_original_forward = RaiserForCausalLM.forward
+
+
+def _forward(self, input_ids=None, **kwargs):
+    if input_ids is not None and 29 in input_ids.flatten().tolist():  # "z"
+        raise RuntimeError("the model raised on purpose")
+    return _original_forward(self, input_ids=input_ids, **kwargs)
+
+
+RaiserForCausalLM.forward = _forward
+'''
+
+
+def test_an_input_the_model_fails_on_is_an_openai_error_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from codeferry.testing import ModelSpec, write_model
+
+    model = write_model(tmp_path / "raiser", ModelSpec(name="raiser", tokenizer=True))
+    modeling = next(model.glob("modeling_*.py"))
+    modeling.write_text(modeling.read_text() + RAISING)
+    source = write_jsonl(tmp_path / "in.jsonl", [
+        openai_line("ok", "/v1/completions", prompt="abc", max_tokens=2),
+        openai_line("bad", "/v1/completions", prompt="xyz", max_tokens=2)])
+    output = tmp_path / "out.jsonl"
+    code, _, err = run_cli(capsys, "run", str(model), "--input", str(source), "-o", str(output),
+                           "--trust-remote-code", "--batch-size", "1", *FAST)
+    assert code == 1 and summary_only(err, 2, 1)
+    ok, bad = read_jsonl(output)
+    assert ok["error"] is None and ok["response"]["status_code"] == 200
+    assert bad["custom_id"] == "bad" and bad["response"]["status_code"] == 500
+    assert bad["error"]["error"]["type"] == "RuntimeError"
+    assert "raised on purpose" in bad["error"]["error"]["message"]
+    # an error line is an answer: a rerun skips it
+    code, _, err = run_cli(capsys, "run", str(model), "--input", str(source), "-o", str(output),
+                           "--trust-remote-code", *FAST)
+    assert code == 1 and summary_only(err, 0, 1)
