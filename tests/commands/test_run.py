@@ -347,7 +347,7 @@ def _screen(stream: str) -> list[str]:
 
 def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
     """tqdm's bar on a real pseudo-terminal: rate and ETA while it runs; the results printed
-    to the same terminal are whole lines above it, never torn by it. In a pipe: quiet."""
+    to the same terminal are whole lines above it, never torn by it. In a pipe: the summary."""
     import fcntl
     import pty
     import select

@@ -232,3 +232,23 @@ def test_an_input_the_model_fails_on_is_an_openai_error_line(
     code, _, err = run_cli(capsys, "run", str(model), "--input", str(source), "-o", str(output),
                            "--trust-remote-code", *FAST)
     assert code == 1 and summary_only(err, 0, 1)
+
+
+def test_openai_embedding_lines_with_task_embed(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", [
+        openai_line(f"e{i}", "/v1/embeddings", input=text)
+        for i, text in enumerate(["a sentence", "another one"])])
+    plain = write_jsonl(tmp_path / "plain.jsonl", [{"id": "e0", "text": "a sentence"},
+                                                   {"id": "e1", "text": "another one"}])
+    output, expected = tmp_path / "out.jsonl", tmp_path / "expected.jsonl"
+    for src, out in ((source, output), (plain, expected)):
+        code, _, err = run_cli(capsys, "run", str(DEMO), "--input", str(src), "-o", str(out),
+                               "--task", "embed", *FAST)
+        assert code == 0 and summary_only(err, 2, 0)
+    for row, reference in zip(read_jsonl(output), read_jsonl(expected), strict=True):
+        body = row["response"]["body"]
+        assert (row["custom_id"], body["object"], body["model"]) == (reference["id"], "list",
+                                                                     "demo")
+        assert body["data"] == [{"index": 0, "object": "embedding",
+                                 "embedding": reference["embedding"]}]

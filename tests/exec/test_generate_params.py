@@ -98,6 +98,8 @@ def test_n_completions_logprobs_and_penalties(executor: Executor) -> None:
                                                      max_tokens=5, min_tokens=5))[0]
     assert len(many.completions) == 3 and many.completion_tokens == 15
     assert len({c.text for c in many.completions}) > 1
+    copies = executor.generate(["abc"], SamplingParams(n=2, max_tokens=4))[0]  # greedy
+    assert len(copies.completions) == 2 and copies.completions[0] == copies.completions[1]
     greedy = executor.generate(["abc"], SamplingParams(max_tokens=5, logprobs=3))[0]
     assert greedy.logprobs is not None and len(greedy.logprobs) == greedy.completion_tokens
     for entry, token in zip(greedy.logprobs, greedy.completions[0].token_ids, strict=True):
@@ -113,6 +115,8 @@ def test_n_completions_logprobs_and_penalties(executor: Executor) -> None:
     counts = [max(c.token_ids.count(t) for t in c.token_ids)
               for c in (plain.completions[0], penalized.completions[0])]
     assert counts[1] <= counts[0]
+    presence = executor.generate(["aaaa"], SamplingParams(max_tokens=12, presence_penalty=2.0))
+    assert presence[0].completion_tokens <= 12  # without min_tokens too
 
 
 def test_chat_renders_the_models_template_or_the_one_given(executor: Executor) -> None:

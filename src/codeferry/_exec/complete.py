@@ -138,7 +138,9 @@ def _generate(engine: Any, model: Any, prompts: list[list[int]], group: list[Res
             and continuous_supports(options):
         rows = generate_continuous(model, prompts, options, ends or None)
         return [[(row, None)] for row in rows]
-    options.update(do_sample=first.do_sample, num_return_sequences=first.n,
+    # greedy: the n completions are one (transformers refuses n > 1 without sampling)
+    n = first.n if first.do_sample else 1
+    options.update(do_sample=first.do_sample, num_return_sequences=n,
                    repetition_penalty=first.repetition_penalty)
     if stops:
         options["eos_token_id"] = stops
@@ -150,8 +152,10 @@ def _generate(engine: Any, model: Any, prompts: list[list[int]], group: list[Res
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     if first.presence_penalty or first.frequency_penalty:
-        options["logits_processor"] = [_Penalties(first.presence_penalty,
-                                                  first.frequency_penalty, width)]
+        from transformers import LogitsProcessorList
+
+        options["logits_processor"] = LogitsProcessorList(
+            [_Penalties(first.presence_penalty, first.frequency_penalty, width)])
     options = lighter_min_new_tokens(options, width, model.generation_config)
     if first.logprobs is not None:
         options.update(return_dict_in_generate=True, output_logits=True)
@@ -161,9 +165,8 @@ def _generate(engine: Any, model: Any, prompts: list[list[int]], group: list[Res
     tokens = sequences[:, width:].tolist()
     picked = _logprobs(engine.tokenizer, out, sequences[:, width:],
                        max(p.logprobs or 0 for p in group)) if first.logprobs is not None else None
-    n = first.n
-    return [[(tokens[i * n + j], None if picked is None else picked[i * n + j])
-             for j in range(n)] for i in range(len(prompts))]
+    return [[(tokens[i * n + j % n], None if picked is None else picked[i * n + j % n])
+             for j in range(first.n)] for i in range(len(prompts))]
 
 
 @contextmanager
