@@ -40,7 +40,7 @@ def add_sampling_flags(command: argparse.ArgumentParser) -> None:
     group.add_argument("--stop", action="append", metavar="TEXT",
                        help="end a completion before this text (repeatable)")
     group.add_argument("--stop-token-id", dest="stop_token_ids", action="append", type=int,
-                       metavar="ID", help="end a completion after this token (repeatable)")
+                       metavar="ID", help="end a completion at this token (counted, not shown; repeatable)")
     group.add_argument("--chat-template", metavar="FILE",
                        help="Jinja chat template for inputs with messages (default: the model's)")
 
