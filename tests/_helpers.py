@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,17 @@ ROOT = TESTS.parent
 SRC = ROOT / "src" / "codeferry"
 
 _count = itertools.count()
+
+
+#: The keys of a ``codeferry run`` generate line of a plain input.
+GENERATED = {"id", "output", "finish_reason", "prompt_tokens", "completion_tokens"}
+#: The closing line every ``codeferry run`` writes on stderr (a regular expression).
+SUMMARY = r"{written} written, {failed} failed, in \d+:\d\d; [\d.]+ (tokens|inputs)/s\n"
+
+
+def summary_only(err: str, written: int | str = r"\d+", failed: int | str = r"\d+") -> bool:
+    """Whether ``err`` (a run's stderr) is its closing summary line and nothing else."""
+    return re.fullmatch(SUMMARY.format(written=written, failed=failed), err) is not None
 
 
 def unique_name(prefix: str) -> str:

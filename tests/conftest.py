@@ -71,10 +71,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 #: Under pytest-xdist (``-n 3`` in pyproject's addopts) a file's tests run on one worker, so
-#: module fixtures are made once; these files share a worker too (one Ray instance at a time
-#: on the machine). The longest files start first, so that the workers finish together.
-_SHARED_SCOPE = {"exec/test_ray_cluster.py": "ray", "exec/test_ray.py": "ray"}
+#: module fixtures are made once; these files share a worker too (one Ray instance, one vLLM
+#: engine at a time on the machine). The longest files start first, so that the workers
+#: finish together.
+_SHARED_SCOPE = {"exec/test_ray_cluster.py": "ray", "exec/test_ray.py": "ray",
+                 # one vLLM engine at a time: two on a small machine starve each other
+                 "vllm/test_vllm.py": "vllm", "vllm/test_run_batch.py": "vllm"}
 _LONGEST_FIRST = ("exec/test_ray_cluster.py", "exec/test_ray.py", "vllm/test_vllm.py",
+                  "vllm/test_run_batch.py",
                   "commands/test_doctor.py", "load/test_doors.py", "exec/test_worker_stdout.py",
                   "load/test_exec.py",
                   "runtime/test_travel.py", "code/test_hub_cache.py", "exec/test_executor.py")

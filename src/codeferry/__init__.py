@@ -9,7 +9,9 @@ from __future__ import annotations
 from . import errors
 from ._code.lockfile import Lock, read_lock
 from ._code.resolve import Bundle, resolve
+from ._commands.run import RunResult, run
 from ._exec.executor import Executor, Outcome
+from ._exec.params import Completion, GenerateResult, SamplingParams
 from ._install.adopt import install, uninstall
 from ._load import LoadResult, load
 from ._version import package_version
@@ -19,15 +21,20 @@ __version__ = package_version()
 
 __all__ = [
     "Bundle",
+    "Completion",
     "Executor",
+    "GenerateResult",
     "LoadResult",
     "Lock",
     "Outcome",
+    "RunResult",
+    "SamplingParams",
     "errors",
     "install",
     "load",
     "read_lock",
     "resolve",
+    "run",
     "uninstall",
     "__version__",
 ]

@@ -18,10 +18,7 @@ import io
 import json
 import os
 import shlex
-import shutil
-import subprocess
 import sys
-import tempfile
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,7 +26,8 @@ from typing import TypeAlias
 
 from . import _settings
 from ._code.resolve import Bundle
-from ._commands.render import inspected, remote_tail, render_dot
+from ._commands.flags import add_sampling_flags
+from ._commands.render import inspected, remote_tail, render_dot, write_atomic, write_graph
 from ._commands.vouch import hub_options
 from ._trust.options import ModelOptions
 from ._version import package_version
@@ -48,38 +46,6 @@ __all__ = ["main"]
 
 class UsageError(Exception):
     """Bad arguments: exit 2."""
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write ``path`` whole or not at all (temp file in the same folder, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
-def _write_graph(path: Path, dot: str) -> None:
-    fmt = path.suffix.lower().lstrip(".")
-    if fmt in {"dot", "gv", ""}:
-        _write_atomic(path, dot.encode("utf-8"))
-        return
-    if fmt not in {"svg", "png"}:
-        raise UsageError(f"--graph {path}: use a .dot, .svg or .png file name")
-    exe = shutil.which("dot")
-    if exe is None:
-        raise UsageError(
-            f"--graph {path}: rendering {fmt.upper()} needs Graphviz's `dot` "
-            "(apt-get install graphviz); or write .dot instead"
-        )
-    rendered = subprocess.run(
-        [exe, f"-T{fmt}"], input=dot.encode("utf-8"), capture_output=True, check=True
-    ).stdout
-    _write_atomic(path, rendered)
 
 
 def _demo() -> str:
@@ -112,7 +78,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     """
     bundle = _bundle(args)
     if args.graph:
-        _write_graph(Path(args.graph), render_dot(bundle))
+        try:
+            write_graph(Path(args.graph), render_dot(bundle))
+        except ValueError as exc:
+            raise UsageError(f"--graph {args.graph}: {exc}") from None
     _show(args, *inspected(bundle))
     return 1 if bundle.blocking else 0
 
@@ -137,7 +106,7 @@ def _cmd_lock(args: argparse.Namespace) -> int:
         show_check(lock.check_hub(bundle, token=args.token, endpoint=args.hub_endpoint), sys.stderr)
     text = lock.dumps()
     if args.output:
-        _write_atomic(Path(args.output), text.encode("utf-8"))
+        write_atomic(Path(args.output), text.encode("utf-8"))
         print(f"wrote {args.output} ({len(bundle.files)} files, {bundle.digest})", file=sys.stderr)
     else:
         sys.stdout.write(text)
@@ -222,8 +191,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
     and prints JSONL. Exit 0: every input has a result; 1: some failed (error lines) or an
     error; 2: usage.
     """
+    from ._commands.flags import sampling_params
     from ._commands.run import run
+    from .errors import SamplingParamsError
 
+    try:
+        params = sampling_params(args)
+    except SamplingParamsError as exc:
+        raise UsageError(f"--{exc.field.replace('_', '-')}: {exc}") from None
+    if (params is not None or args.chat_template) and args.task != "generate":
+        raise UsageError("sampling flags and --chat-template apply to --task generate only")
     if args.pooling is not None and args.task != "embed":
         raise UsageError("--pooling applies to --task embed only")
     if args.max_new_tokens is not None and args.task != "generate":
@@ -243,7 +220,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         target = Path(output)
         if target.is_dir():
             raise UsageError(f"--output {output} is a folder: name a file")
-        if target.exists() and inputs.exists() and os.path.samefile(target, inputs):
+        if (target.exists() and args.input != "-" and inputs.exists()
+                and os.path.samefile(target, inputs)):
             raise UsageError(f"--output {output} is the input file: name another file")
     workers = args.workers or (2 if (os.cpu_count() or 1) > 1 else 1)
     # The workers' "Loading weights" bars would garble ours (and clutter logs).
@@ -255,7 +233,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
             pooling=args.pooling, force_resume=args.force_resume, backend=args.backend,
             address=args.address, retry_errors=args.retry_errors,
-            batch_timeout=args.batch_timeout, **_options(args).keywords(),
+            batch_timeout=args.batch_timeout, params=params, chat_template=args.chat_template,
+            **_options(args).keywords(),
         )
     except BrokenPipeError:  # `codeferry run | head`: the reader left; stop quietly
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -399,8 +378,8 @@ def _add_run(sub: _Commands) -> argparse.ArgumentParser:
     run = _command(sub, _cmd_run, model_help=", whose code is trusted by its pinned digest; "
                    "then --input defaults to its prompts)")
     run.add_argument("--input", metavar="FILE",
-                     help="JSONL or plain text, one input per line (needed with a MODEL; "
-                     "default: the demo's prompts.txt)")
+                     help="JSONL (OpenAI batch lines too) or plain text, one input per line; "
+                     "- reads stdin (needed with a MODEL; default: the demo's prompts.txt)")
     run.add_argument("-o", "--output", metavar="FILE",
                      help="JSONL results; an existing file is resumed (default: stdout)")
     _trust_options(run.add_mutually_exclusive_group())
@@ -409,8 +388,9 @@ def _add_run(sub: _Commands) -> argparse.ArgumentParser:
                     "never more than batches)")
     run.add_argument("--batch-size", type=int, metavar="B",
                      help="inputs per batch (default: 8, fewer to give every worker a batch)")
-    run.add_argument("--max-new-tokens", type=int, metavar="K",
-                     help="tokens to generate per input (--task generate; default 16)")
+    run.add_argument("--max-new-tokens", "--max-tokens", type=int, metavar="K",
+                     help="most tokens to generate per input (--task generate; default: the "
+                     "model's generation_config, else 16)")
     run.add_argument("--device", default="cpu", metavar="D",
                      help="cpu, cuda (one GPU per worker, round robin), cuda:N... (default: cpu)")
     run.add_argument("--dtype", choices=["float32", "float16", "bfloat16", "float64"],
@@ -428,6 +408,7 @@ def _add_run(sub: _Commands) -> argparse.ArgumentParser:
     run.add_argument("--batch-timeout", type=float, metavar="SECONDS",
                      help="a worker whose batch runs longer is killed and replaced, the batch "
                      "retried; a batch that times out every attempt stops the run (default: none)")
+    add_sampling_flags(run)
     return run
 
 

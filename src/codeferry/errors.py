@@ -842,3 +842,23 @@ class HubKernelRefusedError(CodeferryError, PermissionError):
 
 
 __all__ += ["HubKernelRefusedError"]
+
+# -- batch jobs: sampling parameters and chat (issue 21) ----------------------------------
+
+
+class SamplingParamsError(CodeferryError, ValueError):
+    """A sampling parameter is out of range or of the wrong type (``SamplingParams``, a
+    request's body, a command-line flag): ``field`` names it; an input line's file and line
+    are the error's ``path`` and ``line``."""
+
+    def __init__(self, message: str, *, field: str = "", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.field = field
+
+
+class ChatTemplateMissingError(CodeferryError, ValueError):
+    """A chat request (``messages``) for a model whose tokenizer has no chat template, and
+    none was given (``--chat-template FILE``, ``chat_template=``)."""
+
+
+__all__ += ["SamplingParamsError", "ChatTemplateMissingError"]

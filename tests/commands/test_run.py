@@ -19,7 +19,7 @@ import pytest
 # already imported here (instead of importing them in every worker).
 import torch  # noqa: F401
 import transformers.modeling_utils  # noqa: F401
-from _helpers import read_jsonl, run_cli, write_jsonl
+from _helpers import GENERATED, SUMMARY, read_jsonl, run_cli, summary_only, write_jsonl
 
 import codeferry
 from codeferry import cli
@@ -119,8 +119,9 @@ def test_no_arguments_runs_the_demo_on_its_prompts() -> None:
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [row["id"] for row in rows] == list(range(1, 9))  # plain text: id = line number
-    assert all(isinstance(row["output"], str) and set(row) == {"id", "output"} for row in rows)
-    assert proc.stderr == ""  # no progress bar in a pipe
+    assert all(isinstance(row["output"], str) and set(row) == GENERATED for row in rows)
+    # no progress bar in a pipe: only the closing summary
+    assert re.fullmatch(SUMMARY.format(written=8, failed=0), proc.stderr), proc.stderr
 
 
 def test_tampered_demo_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -142,7 +143,7 @@ def test_embed_on_the_demo_without_flags(tmp_path: Path, capsys: pytest.CaptureF
     output = tmp_path / "out.jsonl"
     code, out, err = run_cli(capsys, "run", str(DEMO), "--input", str(source), "--output", str(output),
                              "--task", "embed", "--pooling", "last", *FAST)
-    assert (code, out, err) == (0, "", "")
+    assert (code, out) == (0, "") and summary_only(err, 3, 0)
     rows = read_jsonl(output)
     assert [row["id"] for row in rows] == [1, 3, 4]  # the blank line 2 is skipped
     assert all(len(row["embedding"]) == 48 for row in rows)  # the demo's hidden size
@@ -171,7 +172,8 @@ def test_generate_mixed_input_in_input_order_with_a_failed_batch(
     code, out, err = run_cli(capsys, "run", str(slowy), "--input", str(source), "--output", str(output),
                              "--trust-remote-code", "--batch-size", "1", "--max-new-tokens", "2",
                              "--start-method", "fork", "--workers", "2")
-    assert code == 1 and out == "" and err == ""  # a failed input: exit 1, quiet in a pipe
+    # a failed input: exit 1, quiet in a pipe but for the closing summary
+    assert code == 1 and out == "" and re.fullmatch(SUMMARY.format(written=11, failed=1), err)
     rows = read_jsonl(output)
     assert [row["id"] for row in rows] == ["a", 2, 7, "boom", "b", *[f"n{i}" for i in range(6)]]
     failed = [row for row in rows if "error" in row]
@@ -189,7 +191,7 @@ def test_score_with_a_lock_file(tmp_path: Path, capsys: pytest.CaptureFixture[st
     capsys.readouterr()
     code, out, err = run_cli(capsys, "run", str(slowy), "--input", str(source), "--output", str(output),
                              "--lock", str(lock), "--task", "score", *FAST)
-    assert (code, out, err) == (0, "", "")
+    assert (code, out) == (0, "") and re.fullmatch(SUMMARY.format(written=2, failed=0), err)
     rows = read_jsonl(output)
     assert [row["id"] for row in rows] == ["x", "y"]
     for row in rows:
@@ -290,7 +292,7 @@ def test_resume_after_killing_the_process_group(
     assert partial == clean[:len(partial)]  # a prefix of a clean run, line for line
 
     code, out, err = run_cli(capsys, *resume_argv(slowy, source, output))
-    assert (code, out, err) == (0, "", "")
+    assert (code, out) == (0, "") and summary_only(err, failed=0)
     ids = [row["id"] for row in read_jsonl(output)]
     assert ids == [row["id"] for row in RESUME_INPUTS]  # every id once, in input order
     assert output.read_bytes() == clean
@@ -306,10 +308,12 @@ def test_torn_last_line_is_repaired_and_a_finished_run_is_left_alone(
     output.write_bytes(b"".join(lines[:20]) + lines[20][:15])  # killed mid-line by hand
     shutil.copy(source.with_name("clean.jsonl.codeferry.json"), f"{output}.codeferry.json")
     argv = resume_argv(slowy, source, output)
-    assert run_cli(capsys, *argv) == (0, "", "")
+    code, out, err = run_cli(capsys, *argv)
+    assert (code, out) == (0, "") and summary_only(err, failed=0)
     assert output.read_bytes() == clean
     started = time.monotonic()
-    assert run_cli(capsys, *argv) == (0, "", "")  # nothing left: no worker starts
+    code, out, err = run_cli(capsys, *argv)  # nothing left: no worker starts
+    assert (code, out) == (0, "") and summary_only(err, 0, 0)
     assert time.monotonic() - started < 10
     assert output.read_bytes() == clean
 
@@ -343,7 +347,7 @@ def _screen(stream: str) -> list[str]:
 
 def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
     """tqdm's bar on a real pseudo-terminal: rate and ETA while it runs; the results printed
-    to the same terminal are whole lines above it, never torn by it. In a pipe: quiet."""
+    to the same terminal are whole lines above it, never torn by it. In a pipe: the summary."""
     import fcntl
     import pty
     import select
@@ -387,7 +391,8 @@ def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
     assert screen[0].startswith("generating by batched batching (cpu: "), screen[0]
     rows = [json.loads(line) for line in screen[1:-1]]
     assert [row["id"] for row in rows] == list(range(1, 9))
-    assert re.fullmatch(r"8 written, 0 failed, in \d+:\d\d", screen[-1])
+    assert re.fullmatch(r"8 written, 0 failed, in \d+:\d\d; [\d.]+ tokens/s", screen[-1])
     piped = subprocess.run(args("--output", str(tmp_path / "again.jsonl")), capture_output=True,
                            timeout=300)
-    assert piped.returncode == 0 and piped.stderr == b""
+    assert piped.returncode == 0
+    assert re.fullmatch(SUMMARY.format(written=8, failed=0), piped.stderr.decode())

@@ -21,7 +21,7 @@ import pytest
 # already imported here.
 import torch  # noqa: F401
 import transformers.modeling_utils  # noqa: F401
-from _helpers import read_jsonl, write_jsonl
+from _helpers import GENERATED, read_jsonl, write_jsonl
 
 import codeferry
 from codeferry import cli, errors
@@ -61,9 +61,11 @@ def test_a_resume_by_another_producer_is_refused_unless_forced(
     run(model, source, output, max_new_tokens=3, **FAST)
     producer = {"model": str(model.resolve()), "digest": first, "task": "generate",
                 "options": {"dtype": None, "max_new_tokens": 3}}
-    assert record(output) == {"format": "codeferry-run/2", **producer, "earlier": [],
-                              "inputs": digests(ROWS[:2])}
-    assert all(set(json.loads(line)) == {"id", "output"}
+    summary = record(output).pop("summary")
+    assert summary["written"] == 2 and summary["completion_tokens"] == 6
+    assert {k: v for k, v in record(output).items() if k != "summary"} == {
+        "format": "codeferry-run/2", **producer, "earlier": [], "inputs": digests(ROWS[:2])}
+    assert all(set(json.loads(line)) == GENERATED
                for line in output.read_text(encoding="utf-8").splitlines())  # lines unchanged
 
     # the same producer resumes exactly as before
@@ -90,6 +92,7 @@ def test_a_resume_by_another_producer_is_refused_unless_forced(
     assert info.value.path == str(output) and "--force-resume" in str(info.value)
     argv = ["run", str(model), "--input", str(source), "-o", str(output), "--trust-remote-code",
             "--max-new-tokens", "3", "--workers", "1", "--start-method", "fork"]
+    capsys.readouterr()  # the earlier runs' summaries
     assert cli.main(argv) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "digest" in err and "--force-resume" in err
@@ -98,7 +101,8 @@ def test_a_resume_by_another_producer_is_refused_unless_forced(
     # --force-resume appends, and the record keeps what produced the earlier lines
     assert cli.main([*argv, "--force-resume"]) == 0
     assert ids(output) == [f"r{i}" for i in range(6)]
-    assert record(output) == {"format": "codeferry-run/2", **producer, "digest": second,
+    assert {k: v for k, v in record(output).items() if k != "summary"} == {
+        "format": "codeferry-run/2", **producer, "digest": second,
                               "earlier": [producer], "inputs": digests(ROWS[:6])}
     capsys.readouterr()
 
@@ -144,6 +148,7 @@ def test_an_input_edited_under_answered_ids_is_refused(
     write_jsonl(source, edited)
     argv = ["run", str(model), "--input", str(source), "-o", str(output), "--trust-remote-code",
             "--max-new-tokens", "2", "--workers", "1", "--start-method", "fork"]
+    capsys.readouterr()  # the earlier run's summary
     assert cli.main(argv) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and 'line 2 (id "r1")' in err and "--force-resume" in err

@@ -15,8 +15,9 @@ from codeferry import errors
 
 def test_public_api_is_pinned() -> None:
     assert sorted(codeferry.__all__) == sorted([
-        "Bundle", "Executor", "LoadResult", "Lock", "Outcome", "errors", "install", "load",
-        "read_lock", "resolve", "uninstall", "__version__",
+        "Bundle", "Completion", "Executor", "GenerateResult", "LoadResult", "Lock", "Outcome",
+        "RunResult", "SamplingParams", "errors", "install", "load", "read_lock", "resolve",
+        "run", "uninstall", "__version__",
     ])
     for name in codeferry.__all__:
         assert hasattr(codeferry, name)

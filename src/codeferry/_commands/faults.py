@@ -17,6 +17,7 @@ from ..errors import (
     BatchFailedError,
     BatchTimeoutError,
     BrokenExecutorError,
+    ChatTemplateMissingError,
     ClusterError,
     CodeChangedError,
     CodeUnavailableError,
@@ -36,6 +37,9 @@ _MACHINE: tuple[type[BaseException], ...] = (
     BrokenExecutorError, WorkerStartupError, BatchTimeoutError, ClusterError,
     RequestUnpicklingError, CodeChangedError, CodeUnavailableError, StoreUnavailableError,
     StoreCorruptError, StorePermissionError, MemoryError,
+    # Not the machine's, but no answer for an input either: how the run was started (no
+    # chat template for chat inputs). Stopping lets the fixed command resume.
+    ChatTemplateMissingError,
 )
 #: An ``OSError`` with one of these is the machine's (space, memory, descriptors), not the input's.
 _ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.EMFILE, errno.ENFILE,

@@ -1,48 +1,97 @@
-"""The input file of ``codeferry run``: read and checked whole before anything starts.
+"""The input of ``codeferry run``: read and checked whole before anything starts.
 
-Input (UTF-8, one input per line; blank lines are skipped):
+Input (UTF-8 JSON Lines or text, one input per line; blank lines are skipped; ``-``: stdin):
 
+* an OpenAI batch request, as ``vllm run-batch`` and the OpenAI Batch API read them:
+  ``{"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": {...}}``
+  with ``url`` ``/v1/chat/completions`` (``body.messages``), ``/v1/completions``
+  (``body.prompt``) or ``/v1/embeddings`` (``body.input``, ``--task embed``); the body's
+  sampling fields are the request's parameters. Its id is ``custom_id``, and its output line
+  is in the OpenAI batch output format (``output``). A file is all OpenAI lines or none;
 * a JSON object ``{"id": ..., "prompt": "..."}`` (``"text"`` is accepted for every task too;
-  ``generate``/``score`` prefer ``"prompt"``, ``embed`` prefers ``"text"``). ``id`` is a
-  non-empty string or an integer; other keys are ignored. A line is read as JSON when its
-  first non-blank character is ``{``;
+  ``generate``/``score`` prefer ``"prompt"``, ``embed`` prefers ``"text"``), or with chat
+  ``"messages"`` (``--task generate``). For ``generate``, keys named as ``SamplingParams``
+  fields (``temperature``, ``max_tokens``, ``stop``...) are its parameters; every other key
+  is passed through to its output line. ``id`` is a non-empty string or an integer. A line
+  is read as JSON when its first non-blank character is ``{``;
 * any other line is plain text, used whole (without its line ending); its ``id`` is its
   1-based line number in the file, as an integer.
 
-Ids must be unique; a string holding a lone surrogate (JSON ``"\\udfff"``) is refused. Bad
-input raises ``InputFormatError`` naming ``file:line`` before anything is written.
+Ids must be unique; a string holding a lone surrogate (JSON ``"\\udfff"``) is refused. A
+file that is one JSON array (``[{...}, {...}]``) is refused with the fix. Bad input raises
+``InputFormatError`` (``SamplingParamsError`` for a bad parameter) naming ``file:line``
+before anything is written.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from dataclasses import dataclass
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from ..errors import (
-    InputFormatError,
-    InputNotFoundError,
-)
+from .._exec.params import Request, SamplingParams
+from ..errors import InputFormatError, InputNotFoundError, SamplingParamsError
 
-__all__ = ["TASKS", "Id", "InputItem", "Task", "read_inputs"]
+__all__ = ["TASKS", "Id", "InputItem", "OpenAI", "Task", "read_inputs"]
 
 Task = Literal["generate", "embed", "score"]
 TASKS: tuple[Task, ...] = ("generate", "embed", "score")
-#: The key an output line of each task is recognised by.
-_RESULT_KEY = {"generate": "output", "embed": "embedding", "score": "logprob"}
 #: Ids are JSON strings or integers.
 Id = str | int
+#: The OpenAI endpoints a batch line may name, and the task each needs.
+URLS: dict[str, Task] = {"/v1/chat/completions": "generate", "/v1/completions": "generate",
+                         "/v1/embeddings": "embed"}
+#: Keys an output line of a plain input writes itself: an input line may not pass them through.
+RESERVED = frozenset({"id", "output", "outputs", "error", "finish_reason", "stop_reason",
+                      "prompt_tokens", "completion_tokens", "logprobs", "embedding",
+                      "logprob", "tokens", "token_logprobs"})
+_PARAMS = frozenset(f.name for f in dataclasses.fields(SamplingParams)) | {
+    "max_completion_tokens", "max_new_tokens", "min_new_tokens"}
+_STDIN = "<stdin>"
+
+
+@dataclass(frozen=True)
+class OpenAI:
+    """Where an OpenAI batch line asked to go: its ``url`` and the ``model`` its body names."""
+
+    url: str
+    model: str | None = None
 
 
 @dataclass(frozen=True)
 class InputItem:
-    """One input: its ``id``, its text, and the line of the input file it came from."""
+    """One input: its ``id``, its text, and the line of the input file it came from.
+
+    ``text`` is the prompt (or the text to embed or score); for chat, the messages as JSON.
+    ``request`` is what a ``generate`` input asks (prompt or messages, parameters);
+    ``openai`` is set for an OpenAI batch line; ``extra`` the keys passed through."""
 
     id: Id
     text: str
     line: int
+    request: Request | None = None
+    openai: OpenAI | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def digest_text(self) -> str:
+        """What the run record digests per id: the prompt alone for a plain prompt (as
+        records before parameters did), else the request whole, as canonical JSON."""
+        request = self.request
+        if request is None or (request.messages is None and request.params is None
+                               and self.openai is None):
+            return self.text
+        return json.dumps({"prompt": request.prompt, "messages": request.messages,
+                           "params": request.params.set_fields() if request.params else None,
+                           "add_generation_prompt": request.add_generation_prompt,
+                           "template": dict(request.template_kwargs),
+                           "url": self.openai.url if self.openai else None},
+                          sort_keys=True, ensure_ascii=False)
 
 
 # -- input ------------------------------------------------------------------------------
@@ -52,11 +101,11 @@ def _input_error(path: Path, line: int, message: str, fix: str) -> InputFormatEr
     return InputFormatError(message, path=str(path), line=line, fix=fix)
 
 
-def read_inputs(path: str | os.PathLike[str], task: Task = "generate") -> list[InputItem]:
-    """Read and check an input file (see the module docstring for the format)."""
-    path = Path(path)
+def _read(path: Path) -> bytes:
+    if str(path) == "-":
+        return sys.stdin.buffer.read()
     try:
-        data = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError:
         raise InputNotFoundError(
             f"input file {path} does not exist.", path=str(path),
@@ -67,6 +116,14 @@ def read_inputs(path: str | os.PathLike[str], task: Task = "generate") -> list[I
             f"cannot read input file {path}: {exc.strerror or exc}.", path=str(path),
             fix="pass a readable JSONL or text file to --input.",
         ) from None
+
+
+def read_inputs(path: str | os.PathLike[str], task: Task = "generate") -> list[InputItem]:
+    """Read and check an input file (see the module docstring for the format); ``-``: stdin."""
+    path = Path(path)
+    data = _read(path)
+    shown = Path(_STDIN) if str(path) == "-" else path
+    _refuse_array(shown, data)
     keys = ("text", "prompt") if task == "embed" else ("prompt", "text")
     items: list[InputItem] = []
     seen: dict[Id, int] = {}
@@ -74,20 +131,24 @@ def read_inputs(path: str | os.PathLike[str], task: Task = "generate") -> list[I
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise _input_error(path, number, f"the line is not UTF-8 (byte {exc.start + 1} of the line).",
-                               "save the file as UTF-8.") from None
+            raise _input_error(shown, number, f"the line is not UTF-8 (byte {exc.start + 1} of "
+                               "the line).", "save the file as UTF-8.") from None
         if number == 1:
             line = line.removeprefix("\ufeff")
         line = line.removesuffix("\r")
         if not line.strip():
             continue
         if line.lstrip().startswith("{"):
-            item = _json_item(path, number, line, keys)
+            item = _json_item(shown, number, line, keys, task)
         else:
-            item = InputItem(number, line, number)
+            item = InputItem(number, line, number, Request(prompt=line))
+        if items and (item.openai is None) != (items[0].openai is None):
+            raise _input_error(shown, number, "the file mixes OpenAI batch lines (custom_id, "
+                               "url, body) and plain lines.",
+                               "write every line in one format: the output follows it.")
         if item.id in seen:
             raise _input_error(
-                path, number, f"id {item.id!r} is already used on line {seen[item.id]}.",
+                shown, number, f"id {item.id!r} is already used on line {seen[item.id]}.",
                 "give every input a unique id (a plain text line's id is its line number).",
             )
         seen[item.id] = number
@@ -95,7 +156,21 @@ def read_inputs(path: str | os.PathLike[str], task: Task = "generate") -> list[I
     return items
 
 
-def _json_item(path: Path, number: int, line: str, keys: tuple[str, str]) -> InputItem:
+def _refuse_array(path: Path, data: bytes) -> None:
+    """A JSON array file would otherwise be read line by line as plain text prompts."""
+    if not data.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):
+        return
+    try:
+        whole = json.loads(data.decode("utf-8-sig"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return  # text lines that start with "[": plain text
+    if isinstance(whole, list):
+        raise _input_error(path, 1, f"the file is one JSON array (of {len(whole)} items), not "
+                           "JSON Lines.", "write one JSON object per line (JSON Lines), e.g. "
+                           f"jq -c '.[]' {path} > {path.with_suffix('.jsonl').name}")
+
+
+def _object(path: Path, number: int, line: str) -> dict[str, Any]:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as exc:
@@ -107,24 +182,124 @@ def _json_item(path: Path, number: int, line: str, keys: tuple[str, str]) -> Inp
     if not isinstance(row, dict):
         raise _input_error(path, number, "the line is not a JSON object.",
                            'write one JSON object per line, e.g. {"id": "a1", "prompt": "Hello"}.')
+    return row
+
+
+def _json_item(path: Path, number: int, line: str, keys: tuple[str, str],
+               task: Task) -> InputItem:
+    row = _object(path, number, line)
+    if "custom_id" in row and "body" in row:
+        return _openai_item(path, number, row, task)
     if "id" not in row:
         raise _input_error(path, number, 'the object has no "id".',
                            'add a unique "id" (a string or an integer) to every object.')
-    ident = row["id"]
+    ident = _ident(path, number, "id", row["id"])
+    request: Request | None
+    if task == "generate" and "messages" in row:
+        messages = _messages(path, number, row["messages"])
+        request = Request(messages=messages, params=_params(path, number, row))
+        text = json.dumps(row["messages"], ensure_ascii=False)
+        used = {"id", "messages", *_PARAMS}
+    else:
+        key = next((k for k in keys if k in row), None)
+        if key is None:
+            raise _input_error(path, number, f'the object has neither "{keys[0]}" nor '
+                               f'"{keys[1]}"{" nor messages" if task == "generate" else ""}.',
+                               f'add the input text as "{keys[0]}".')
+        text = row[key]
+        if not isinstance(text, str) or not text:
+            raise _input_error(path, number, f'"{key}" is not a non-empty string.',
+                               f'make "{key}" the input text.')
+        _check_encodable(path, number, key, text)
+        params = _params(path, number, row) if task == "generate" else None
+        request = Request(prompt=text, params=params) if task == "generate" else None
+        used = {"id", key, *(_PARAMS if task == "generate" else ())}
+    extra = {k: v for k, v in row.items() if k not in used}
+    clash = sorted(set(extra) & RESERVED)
+    if clash:
+        raise _input_error(path, number, f"the key {json.dumps(clash[0])} is one the output "
+                           "line writes itself.", f"rename {json.dumps(clash[0])} (other keys "
+                           "are passed through to the output line).")
+    return InputItem(ident, text, number, request, None, extra)
+
+
+def _ident(path: Path, number: int, name: str, ident: Any) -> Id:
     if isinstance(ident, bool) or not isinstance(ident, (str, int)) or ident == "":
-        raise _input_error(path, number, f'"id" {json.dumps(ident)} is not a non-empty string '
-                           "or an integer.", 'make "id" a non-empty string or an integer.')
-    key = next((k for k in keys if k in row), None)
-    if key is None:
-        raise _input_error(path, number, f'the object has neither "{keys[0]}" nor "{keys[1]}".',
-                           f'add the input text as "{keys[0]}".')
-    text = row[key]
-    if not isinstance(text, str) or not text:
-        raise _input_error(path, number, f'"{key}" is not a non-empty string.',
-                           f'make "{key}" the input text.')
-    for name, value in (("id", ident), (key, text)):
-        _check_encodable(path, number, name, value)
-    return InputItem(ident, text, number)
+        raise _input_error(path, number, f'"{name}" {json.dumps(ident)} is not a non-empty '
+                           "string or an integer.", f'make "{name}" a non-empty string or an '
+                           "integer.")
+    _check_encodable(path, number, name, ident)
+    return ident
+
+
+def _params(path: Path, number: int, body: Mapping[str, Any]) -> SamplingParams | None:
+    try:
+        params = SamplingParams.from_body(body)
+    except SamplingParamsError as exc:
+        raise SamplingParamsError(exc.message, field=exc.field, path=str(path), line=number,
+                                  fix=exc.fix) from None
+    return params if params.set_fields() else None
+
+
+def _messages(path: Path, number: int, messages: Any) -> tuple[Mapping[str, Any], ...]:
+    if not isinstance(messages, list) or not messages or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+        raise _input_error(path, number, '"messages" is not a list of {"role": ..., '
+                           '"content": ...} objects.', 'write "messages": [{"role": "user", '
+                           '"content": "Hello"}].')
+    for m in messages:
+        _check_encodable(path, number, "messages", json.dumps(m, ensure_ascii=False))
+    return tuple(messages)
+
+
+def _openai_item(path: Path, number: int, row: dict[str, Any], task: Task) -> InputItem:
+    """An OpenAI batch line (as ``vllm run-batch`` reads it)."""
+    ident = _ident(path, number, "custom_id", row["custom_id"])
+    url, body = row.get("url"), row["body"]
+    if row.get("method", "POST") != "POST":
+        raise _input_error(path, number, f'"method" is {json.dumps(row.get("method"))}.',
+                           'make "method" "POST".')
+    if url not in URLS:
+        raise _input_error(path, number, f'"url" {json.dumps(url)} is not an endpoint '
+                           f"codeferry runs ({', '.join(URLS)}).",
+                           "send those requests to a server that serves that endpoint.")
+    if URLS[url] != task:
+        raise _input_error(path, number, f"{url} requests need --task {URLS[url]}, not "
+                           f"--task {task}.", f"run this file with --task {URLS[url]}.")
+    if not isinstance(body, dict):
+        raise _input_error(path, number, '"body" is not a JSON object.',
+                           'make "body" the request, e.g. {"messages": [...]}.')
+    if body.get("stream"):
+        raise _input_error(path, number, "the request asks to stream.",
+                           'remove "stream" (a batch writes whole responses).')
+    model = body.get("model") if isinstance(body.get("model"), str) else None
+    openai = OpenAI(url, model)
+    if url == "/v1/embeddings":
+        text = body.get("input")
+        if not isinstance(text, str) or not text:
+            raise _input_error(path, number, '"body.input" is not a non-empty string.',
+                               "give one text per line as body.input.")
+        _check_encodable(path, number, "input", text)
+        return InputItem(ident, text, number, None, openai)
+    params = _params(path, number, body)
+    if url == "/v1/chat/completions":
+        messages = _messages(path, number, body.get("messages"))
+        kwargs = body.get("chat_template_kwargs") or {}
+        if not isinstance(kwargs, dict):
+            raise _input_error(path, number, '"chat_template_kwargs" is not an object.',
+                               'make "chat_template_kwargs" a JSON object.')
+        request = Request(messages=messages, params=params, template_kwargs=kwargs,
+                          add_generation_prompt=bool(body.get("add_generation_prompt", True)))
+        return InputItem(ident, json.dumps(body["messages"], ensure_ascii=False), number,
+                         request, openai)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise _input_error(path, number, '"body.prompt" is not a non-empty string.',
+                           "give one prompt per line (a list of several prompts: one line each).")
+    _check_encodable(path, number, "prompt", prompt)
+    return InputItem(ident, prompt, number, Request(prompt=prompt, params=params), openai)
 
 
 def _check_encodable(path: Path, number: int, name: str, value: object) -> None:

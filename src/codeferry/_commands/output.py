@@ -7,6 +7,12 @@ Output: one JSON object per line and per input, in input order::
     score     {"id": ..., "logprob": -9.1, "tokens": [...], "token_logprobs": [...]}
     failed    {"id": ..., "error": "RuntimeError: ..."}   (the model raised on it, every attempt)
 
+A ``generate`` line also carries ``finish_reason``, ``prompt_tokens``, ``completion_tokens``
+(and ``logprobs``, ``outputs`` for ``n`` > 1, and the input line's other keys). An input in
+the OpenAI batch format gets its output in that format (``openai``): ``{"id": ...,
+"custom_id": ..., "response": {"status_code": 200, "request_id": ..., "body": {...}},
+"error": null}``; an OpenAI line is known by its ``custom_id``, which is its input's id.
+
 Results arrive from the executor in any order; they are buffered and each line is written
 as soon as every input before it has been written. A line is written with one ``os.write``
 of the whole line and its ``\\n`` on an ``O_APPEND`` descriptor (so a kill never leaves half
@@ -98,15 +104,16 @@ def _read_existing(data: bytes, path: Path, items: Sequence[InputItem], task: Ta
             if number == len(complete) and not last and _torn(raw):
                 break  # a last line torn by a full disk: cut away
             raise _foreign(path, number, raw)
-        ident = row["id"]
+        openai = "custom_id" in row and "response" in row
+        ident = row["custom_id"] if openai else row["id"]
         if isinstance(ident, bool) or not isinstance(ident, (str, int)) or ident not in known:
             raise _output_error(path, number, f"holds id {json.dumps(ident)}, which the input "
                                 "does not have: it is the output of another input file.")
         if ident in state.ids:
             raise _output_error(path, number, f"holds id {json.dumps(ident)} a second time.")
-        if "error" in row:
+        if row.get("error") is not None or (openai and not _answered(row)):
             state.errors.add(ident)
-        elif _RESULT_KEY[task] not in row:
+        elif not openai and _RESULT_KEY[task] not in row:
             raise _output_error(path, number, f"is not a result of --task {task} (no "
                                 f'"{_RESULT_KEY[task]}"): it was written by another task.')
         state.ids.add(ident)
@@ -116,6 +123,12 @@ def _read_existing(data: bytes, path: Path, items: Sequence[InputItem], task: Ta
         if last and not _torn(last):
             raise _foreign(path, len(complete) + 1, last)
     return state
+
+
+def _answered(row: dict[str, object]) -> bool:
+    """Whether an OpenAI batch output line holds a response (status 200), not an error."""
+    response = row.get("response")
+    return isinstance(response, dict) and response.get("status_code") == 200
 
 
 def _foreign(path: Path, line: int, raw: bytes) -> ForeignOutputError:

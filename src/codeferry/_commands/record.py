@@ -17,6 +17,11 @@ model), for every input of the run that wrote the record. A resume is checked ag
   written before records existed) or a record without input digests: nothing can be
   checked, ``ResumeUncheckedError``.
 
+``options`` holds the sampling defaults (``params``) and the chat template's digest only
+when a run sets them, so records written before they existed still match. When a run ends
+(complete or not), ``summary`` records what it did: written, failed, skipped, seconds,
+prompt and completion tokens, tokens per second.
+
 ``force_resume`` (``--force-resume``) resumes anyway, and keeps an earlier producer that
 differs in ``earlier``. So one output never silently mixes producers or inputs.
 """
@@ -41,7 +46,8 @@ from ..errors import (
 )
 from .inputs import Id, InputItem, Task
 
-__all__ = ["check_record", "input_digests", "producer", "record_path", "write_record"]
+__all__ = ["check_record", "input_digests", "producer", "record_path", "write_record",
+           "write_summary"]
 
 _RECORD_FORMAT = "codeferry-run/2"
 #: Records of this format are read too: the same fields, without ``inputs``.
@@ -55,12 +61,18 @@ def record_path(output: Path) -> Path:
 
 
 def producer(bundle: Bundle, weights: str, task: Task, max_new_tokens: int | None,
-             pooling: str | None, dtype: str | None) -> dict[str, Any]:
+             pooling: str | None, dtype: str | None, *, params: dict[str, Any] | None = None,
+             chat_template: str | None = None) -> dict[str, Any]:
     """What decides an output's lines: the model (``weights``: where its weights are from,
-    its name), its code, the task and its options."""
+    its name), its code, the task and its options (``params``: the sampling defaults set;
+    ``chat_template``: the digest of the template given)."""
     options: dict[str, Any] = {"dtype": dtype}
     if task == "generate":
         options["max_new_tokens"] = max_new_tokens or _settings.DEFAULT_MAX_NEW_TOKENS
+        if params:
+            options["params"] = params
+        if chat_template is not None:
+            options["chat_template"] = text_digest(chat_template)
     elif task == "embed":
         options["pooling"] = pooling or "mean"
     return {"model": weights, "digest": bundle.digest, "task": task,
@@ -73,7 +85,7 @@ def _key(ident: Id) -> str:
 
 def input_digests(items: Sequence[InputItem]) -> dict[str, str]:
     """Each input's id (as JSON) -> the first 16 hex digits of the sha256 of its request."""
-    return {_key(item.id): text_digest(item.text) for item in items}
+    return {_key(item.id): text_digest(item.digest_text) for item in items}
 
 
 def _flat(producer: dict[str, Any]) -> dict[str, Any]:
@@ -130,12 +142,13 @@ def check_record(output: Path, producer: dict[str, Any], items: Sequence[InputIt
                 fix="rerun with what produced it, choose another --output, delete the output "
                 "and its record to start over, or pass --force-resume to append to it anyway.",
             )
-        previous = {k: v for k, v in recorded.items() if k not in ("format", "earlier", "inputs")}
+        previous = {k: v for k, v in recorded.items()
+                    if k not in ("format", "earlier", "inputs", "summary")}
         earlier = [*earlier, previous]
     if not force:
         _check_inputs(output, path, recorded.get("inputs"), items, written)
     new = {**fresh, "earlier": earlier}
-    return None if new == recorded else new
+    return None if new == {k: v for k, v in recorded.items() if k != "summary"} else new
 
 
 def _check_inputs(output: Path, path: Path, recorded: Any, items: Sequence[InputItem],
@@ -180,3 +193,13 @@ def write_record(output: Path, record: dict[str, Any]) -> None:
             os.unlink(tmp)
         raise OutputError(f"cannot write {path}: {exc.strerror or exc}.", path=str(path),
                           fix="choose a writable --output folder.") from None
+
+
+def write_summary(output: Path, summary: dict[str, Any]) -> None:
+    """Add what a run did (``summary``) to the record beside ``output``, replaced whole."""
+    try:
+        record = json.loads(record_path(output).read_bytes())
+    except (OSError, ValueError):
+        return  # no record to add it to (a record that cannot be read is refused on resume)
+    if isinstance(record, dict):
+        write_record(output, {**record, "summary": summary})

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+import tempfile
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 from .._code.automap import qualified
@@ -11,7 +16,7 @@ from .._code.doors import find_doors, render_doors
 from .._code.resolve import Bundle
 from ..errors import RemoteTraceback
 
-__all__ = ["inspected", "remote_tail", "render_report", "render_dot"]
+__all__ = ["inspected", "remote_tail", "render_report", "render_dot", "write_atomic", "write_graph"]
 
 
 def _size(n: int) -> str:
@@ -160,3 +165,35 @@ def remote_tail(exc: BaseException, frames: int = 3) -> str | None:
     first = "codeferry: the worker's traceback"
     first += f" (last {frames} of {len(starts)} frames):" if len(starts) > frames else ":"
     return "\n".join([first, *shown]) + "\n"
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all (temp file in the same folder, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def write_graph(path: Path, dot: str) -> None:
+    """``inspect --graph``: the DOT text as is, or rendered to SVG/PNG by Graphviz's ``dot``.
+    A name or a machine that cannot give the format is a ``ValueError`` (a usage error)."""
+    fmt = path.suffix.lower().lstrip(".")
+    if fmt in {"dot", "gv", ""}:
+        write_atomic(path, dot.encode("utf-8"))
+        return
+    if fmt not in {"svg", "png"}:
+        raise ValueError("use a .dot, .svg or .png file name")
+    exe = shutil.which("dot")
+    if exe is None:
+        raise ValueError(f"rendering {fmt.upper()} needs Graphviz's `dot` "
+                         "(apt-get install graphviz); or write .dot instead")
+    rendered = subprocess.run(
+        [exe, f"-T{fmt}"], input=dot.encode("utf-8"), capture_output=True, check=True
+    ).stdout
+    write_atomic(path, rendered)

@@ -3,9 +3,13 @@
 The run reads its input whole (``inputs``), takes the output's lock and checks what is
 already there (``output``), records what produces the output and its inputs (``record``),
 then drains the executor's outcomes into the output in input order with a progress bar
-(``progress``). An outcome that is a fault of the machine, not an answer for its input
-(``faults``), stops the run with ``RunStoppedError``: it is never written, and the same
-command resumes.
+(``progress``), each line as ``lines`` writes it. An outcome that is a fault of the
+machine, not an answer for its input (``faults``), stops the run with ``RunStoppedError``:
+it is never written, and the same command resumes. Every run ends with a summary line on
+stderr (``N written, K failed, in T; X tokens/s``), a terminal or not, and in the record.
+
+``generate`` inputs are requests (``_exec.params.Request``): a prompt or chat messages, with
+per-input sampling parameters over the run's defaults (``params``, the command line's flags).
 """
 
 from __future__ import annotations
@@ -24,20 +28,24 @@ from typing import Any, Literal, TextIO
 
 from .._code.lockfile import Lock
 from .._exec.executor import Executor, Outcome
+from .._exec.files import may_have_chat_template
+from .._exec.params import Request, SamplingParams
 from .._exec.plan import prepare
 from .._trust.options import ModelOptions
 from ..errors import (
-    BatchFailedError,
+    ChatTemplateMissingError,
     CodeChangedError,
     CodeferryError,
     RunStoppedError,
     WorkerError,
 )
 from .faults import machine_fault
-from .inputs import TASKS, Id, InputItem, Task, read_inputs
+from .inputs import TASKS, InputItem, Task, read_inputs
+from .lines import line as output_line
+from .lines import usage
 from .output import Sink, lock_path
 from .progress import Progress, clock
-from .record import check_record, producer, record_path, write_record
+from .record import check_record, producer, record_path, write_record, write_summary
 
 __all__ = ["TASKS", "InputItem", "RunResult", "lock_path", "read_inputs", "record_path", "run"]
 
@@ -55,33 +63,34 @@ class RunResult:
     written: int = 0
     failed: int = 0
     output: str | None = None
+    #: Tokens of this run's prompts and completions (``generate``), and its seconds.
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
 
     @property
     def complete(self) -> bool:
         return self.skipped + self.written == self.total
 
+    def summary(self) -> dict[str, Any]:
+        """What the run did, as the record keeps it."""
+        rate = self.completion_tokens / self.seconds if self.seconds > 0 else 0.0
+        return {"total": self.total, "skipped": self.skipped, "written": self.written,
+                "failed": self.failed, "seconds": round(self.seconds, 3),
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "tokens_per_second": round(rate, 1)}
+
+    def line(self) -> str:
+        """The closing line on stderr: ``N written, K failed, in T; X tokens/s``."""
+        text = f"{self.written} written, {self.failed} failed, in {clock(self.seconds)}"
+        if self.completion_tokens:
+            return f"{text}; {self.summary()['tokens_per_second']} tokens/s"
+        rate = self.written / self.seconds if self.seconds > 0 else 0.0
+        return f"{text}; {rate:.1f} inputs/s"
+
 
 # -- the run ----------------------------------------------------------------------------
-
-
-def _line(ident: Id, task: Task, value: Any, error: BaseException | None) -> tuple[bytes, bool]:
-    row: dict[str, Any] = {"id": ident}
-    if error is not None:
-        cause = error.__cause__ if isinstance(error, BatchFailedError) else None
-        shown = cause if cause is not None else error
-        row["error"] = f"{type(shown).__name__}: {shown}".strip()
-    elif task == "generate":
-        row["output"] = value
-    elif task == "embed":
-        row["embedding"] = value
-    else:
-        row.update(logprob=value["logprob"], tokens=value["tokens"],
-                   token_logprobs=value["token_logprobs"])
-    try:
-        data = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate (from a "\\ud800" in the input): escape it
-        data = (json.dumps(row) + "\n").encode("ascii")
-    return data, error is not None
 
 
 def run(
@@ -112,6 +121,8 @@ def run(
     address: str | None = None,
     retry_errors: bool = False,
     batch_timeout: float | None = None,
+    params: SamplingParams | None = None,
+    chat_template: str | os.PathLike[str] | None = None,
 ) -> RunResult:
     """Run ``task`` on every input of ``input_path``; write JSONL to ``output`` (``None``:
     ``stdout``), resuming an output that already holds some ids.
@@ -131,6 +142,11 @@ def run(
     ``load``); ``code_revision`` as for ``Executor``.
     ``backend="ray"`` runs the workers as Ray actors on the cluster at ``address`` (or
     ``RAY_ADDRESS``); the output and its resumption are the same.
+
+    ``params``: the sampling parameters of every ``generate`` input that does not set its
+    own (``max_new_tokens`` is its ``max_tokens``); ``chat_template``: a file holding the
+    Jinja chat template for chat inputs (default: the model's). ``input_path`` ``"-"``
+    reads standard input. The same options as ``codeferry run``; see docs/executor.md.
     """
     options = ModelOptions.of(locals())
     if task not in TASKS:
@@ -141,9 +157,18 @@ def run(
     err = sys.stderr if stderr is None else stderr
     show = err.isatty() if progress is None else progress
     items = read_inputs(input_path, task)
+    template = _template(chat_template)
+    defaults = _defaults(params, max_new_tokens)
     # Decided once, before the output is opened; the executor takes the plan as it is.
     plan = prepare(model, options, tasks=(task,), device=device, dtype=dtype, demo=True,
                    local_device=backend == "local")
+    if template is None and any(i.request and i.request.messages for i in items) \
+            and not may_have_chat_template(plan.weights.root):
+        raise ChatTemplateMissingError(
+            f"the input has chat messages, and the model's tokenizer has no chat template "
+            f"(no chat_template.jinja, nor a chat_template in tokenizer_config.json in "
+            f"{plan.weights.root}).", path=str(input_path),
+            fix="pass --chat-template FILE (a Jinja template), or send prompts instead.")
 
     path = None if output is None or str(output) == "-" else Path(output)
     sink = Sink(path, out)
@@ -151,9 +176,10 @@ def run(
     record = None
     if path is not None and not sink.stream:
         try:
-            record = check_record(path, producer(plan.bundle, plan.weights.name, task,
-                                                 max_new_tokens, pooling, plan.dtype),
-                                  items, state.ids, force_resume)
+            record = check_record(path, producer(
+                plan.bundle, plan.weights.name, task, max_new_tokens, pooling, plan.dtype,
+                params=params.set_fields() if params else None, chat_template=template),
+                items, state.ids, force_resume)
             sink.repair(state)
         except BaseException:
             sink.close(discard=True)
@@ -164,9 +190,11 @@ def run(
                        output=None if path is None else str(path))
     remaining = [item for item in items if item.id not in done]
     bar = Progress(len(remaining), err, enabled=show)
+    started = False  # the workers answer: a run stopped from now on is summarized too
     try:
         if not remaining:
             sink.close()
+            _summarize(result, path, sink, err)
             return result
         size = batch_size or max(1, min(8, math.ceil(len(remaining) / max(1, workers))))
         count = max(1, min(workers, math.ceil(len(remaining) / size)))
@@ -204,8 +232,10 @@ def run(
                     logger.info("codeferry run: %s", text)
                     bar.note(text)
                 bar.start()
-                _drain(_outcomes(executor, task, [i.text for i in remaining], batch_size,
-                                 max_new_tokens, pooling), remaining, task, sink, bar, result, size)
+                started = True
+                outcomes = _outcomes(executor, task, remaining, batch_size, defaults, pooling,
+                                     template)
+                _drain(outcomes, remaining, task, sink, bar, result, size, plan.weights.name)
             except BaseException:
                 # The run is abandoned: stop now, rather than wait (as leaving the block does)
                 # for batches whose results nothing will write.
@@ -214,6 +244,10 @@ def run(
         sink.close()
     except BaseException as exc:
         bar.finish()  # off the screen before the error (or the interruption) is printed
+        if started:
+            result.seconds = time.monotonic() - bar.started
+            with contextlib.suppress(Exception):
+                _summarize(result, path, sink, err)
         if not isinstance(exc, KeyboardInterrupt):
             raise
         if path is not None and not sink.stream:
@@ -223,24 +257,55 @@ def run(
         raise
     finally:
         sink.close()
-    bar.finish(f"{result.written} written, {result.failed} failed, in "
-               f"{clock(time.monotonic() - bar.started)}")
+    bar.finish()
+    result.seconds = time.monotonic() - bar.started
+    _summarize(result, path, sink, err)
     return result
 
 
-def _outcomes(executor: Executor, task: Task, texts: list[str], size: int | None,
-              max_new_tokens: int | None, pooling: str | None) -> Iterator[Outcome]:
+def _summarize(result: RunResult, path: Path | None, sink: Sink, err: TextIO) -> None:
+    """The closing line on stderr, in every mode, and the summary in the record."""
+    err.write(result.line() + "\n")
+    err.flush()
+    if path is not None and not sink.stream:
+        write_summary(path, result.summary())
+
+
+def _template(chat_template: str | os.PathLike[str] | None) -> str | None:
+    """The text of the ``--chat-template`` file."""
+    if chat_template is None:
+        return None
+    try:
+        return Path(chat_template).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ChatTemplateMissingError(f"cannot read the chat template {chat_template}: "
+                                       f"{getattr(exc, 'strerror', None) or exc}.",
+                                       path=str(chat_template),
+                                       fix="pass a readable UTF-8 Jinja file to --chat-template.") from None
+
+
+def _defaults(params: SamplingParams | None, max_new_tokens: int | None) -> SamplingParams:
+    """The run's sampling defaults: ``params``, ``max_new_tokens`` as its ``max_tokens``."""
+    base = SamplingParams(max_tokens=max_new_tokens)
+    return base if params is None else params.over(base)
+
+
+def _outcomes(executor: Executor, task: Task, items: list[InputItem], size: int | None,
+              defaults: SamplingParams, pooling: str | None,
+              template: str | None) -> Iterator[Outcome]:
     """``size``: the user's fixed batch size; ``None`` lets the executor plan by tokens."""
+    texts = [i.text for i in items]
     if task == "generate":
-        options = {} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}
-        return executor.generate_iter(texts, batch_size=size, **options)
+        requests = [i.request or Request(prompt=i.text) for i in items]
+        return executor._complete_iter(requests, defaults, batch_size=size,
+                                       chat_template=template)
     if task == "embed":
         return executor.embed_iter(texts, pooling=pooling or "mean", batch_size=size)
     return executor.score_iter(texts, batch_size=size)
 
 
 def _drain(outcomes: Iterator[Outcome], remaining: list[InputItem], task: Task, sink: Sink,
-           bar: Progress, result: RunResult, size: int) -> None:
+           bar: Progress, result: RunResult, size: int, model: str) -> None:
     """Write outcomes (any order) in input order, each as soon as those before it are out.
 
     A fault of the machine at input k stops the run: what comes before k is still written
@@ -264,8 +329,11 @@ def _drain(outcomes: Iterator[Outcome], remaining: list[InputItem], task: Task, 
             if fault is not None and (stop is None or outcome.index < stop[0]):
                 stop = (outcome.index, fault)
             elif fault is None and (stop is None or outcome.index < stop[0]):
-                waiting[outcome.index] = _line(remaining[outcome.index].id, task, outcome.value,
-                                               outcome.error)
+                waiting[outcome.index] = output_line(remaining[outcome.index], task, outcome.value,
+                                                     outcome.error, model)
+                prompt, completion = usage(task, outcome.value)
+                result.prompt_tokens += prompt
+                result.completion_tokens += completion
             end = len(remaining) if stop is None else stop[0]
             if following < end and following in waiting:
                 # stdout may be the bar's terminal: the lines go above the bar, drawn again
@@ -294,8 +362,9 @@ def _stopped(item: InputItem, fault: BaseException, result: RunResult,
     fix = fault.fix if isinstance(fault, CodeferryError) and fault.fix else ""
     error = RunStoppedError(
         f"the run stopped at input {json.dumps(item.id)} (line {item.line} of the input): "
-        f"{type(fault).__name__}: {what.rstrip('.')}. That is a fault of the machine, not an "
-        f"answer for the input, so none of it was written: {where} holds "
+        f"{type(fault).__name__}: {what.rstrip('.')}. That is a fault of "
+        f"{'how the run was started' if isinstance(fault, ChatTemplateMissingError) else 'the machine'}"
+        f", not an answer for the input, so none of it was written: {where} holds "
         f"{result.skipped + result.written} of {result.total} lines.",
         path=None if sink.path is None else str(sink.path),
         written=result.skipped + result.written, total=result.total,

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 from .. import _settings
 from .._code.lockfile import Lock
@@ -33,12 +33,16 @@ from .._trust.decide import record
 from .._trust.options import ModelOptions
 from .batching import batch_limits, estimate_tokens, fixed_batches, plan_batches
 from .checks import check_main_guard
+from .params import GenerateResult, Request, SamplingParams, group_key, resolve
 from .plan import Plan, prepare
 from .scheduler import Batch, Call, Outcome, Scheduler
 from .transport import LocalTransport, Transport
 from .worker import WorkerSpec
 
 __all__ = ["Executor", "Outcome"]
+
+Params = SamplingParams | Sequence[SamplingParams] | None
+Conversation = Sequence[Mapping[str, Any]]
 
 StartMethod = Literal["spawn", "forkserver", "fork"]
 Backend = Literal["local", "ray"]
@@ -244,17 +248,22 @@ class Executor:
         about equal cost, a multiple of workers x ``PIPELINE`` (``_batching``): each worker
         runs one while the next waits in its queue, so fewer would leave a worker idle."""
         size = batch_size or self.batch_size
-        if size:
+        if kind == "complete":
+            plan = _grouped(inputs, extra["defaults"], size, self._plan)
+        elif size:
             plan = fixed_batches(len(inputs), size)
         else:
             new = int(extra.get("options", {}).get("max_new_tokens") or _settings.DEFAULT_MAX_NEW_TOKENS)
             lengths = [estimate_tokens(x) + (new if kind == "generate" else 0) for x in inputs]
-            plan = plan_batches(lengths, max_batch_tokens=self.max_batch_tokens,
-                                max_batch_size=self.max_batch_size, window=BATCH_WINDOW,
-                                spread=len(self._scheduler.specs) * PIPELINE)
+            plan = self._plan(lengths)
         owner = call or Call(len(inputs))  # (no call: only the plan is looked at)
         return [Batch(kind, indices, {"texts": [inputs[i] for i in indices], **extra},
                       [inputs[i] for i in indices], owner) for indices in plan]
+
+    def _plan(self, lengths: Sequence[int]) -> list[list[int]]:
+        return plan_batches(lengths, max_batch_tokens=self.max_batch_tokens,
+                            max_batch_size=self.max_batch_size, window=BATCH_WINDOW,
+                            spread=len(self._scheduler.specs) * PIPELINE)
 
     def _submit(self, kind: str, inputs: Sequence[Any], extra: dict[str, Any],
                 batch_size: int | None, *, stream: bool) -> Call:
@@ -272,17 +281,77 @@ class Executor:
 
     # -- the API --------------------------------------------------------------------------
 
-    def generate_iter(self, prompts: Sequence[str], *, batch_size: int | None = None,
-                      **options: Any) -> Iterator[Outcome]:
-        """Generated texts as they complete (any order); see ``Outcome``. Work starts at
-        once; closing the iterator early cancels what has not been sent."""
-        return self._iterate("generate", prompts, {"options": options}, batch_size)
+    def generate_iter(self, prompts: Sequence[str], params: Params = None, *,
+                      batch_size: int | None = None, **options: Any) -> Iterator[Outcome]:
+        """``generate``'s results as they complete (any order); see ``Outcome``. Work starts
+        at once; closing the iterator early cancels what has not been sent."""
+        if params is None:
+            return self._iterate("generate", prompts, {"options": options}, batch_size)
+        _no_options(options)
+        return self._complete_iter([Request(prompt=p) for p in prompts], params,
+                                   batch_size=batch_size)
 
-    def generate(self, prompts: Sequence[str], *, batch_size: int | None = None,
-                 **options: Any) -> list[str]:
-        """Greedy by default (``do_sample=False``); ``options`` go to ``model.generate``."""
-        return self._result(self._submit("generate", prompts, {"options": options}, batch_size,
-                                         stream=False))
+    @overload
+    def generate(self, prompts: Sequence[str], params: None = None, *,
+                 batch_size: int | None = None, **options: Any) -> list[str]: ...
+
+    @overload
+    def generate(self, prompts: Sequence[str], params: SamplingParams | Sequence[SamplingParams],
+                 *, batch_size: int | None = None) -> list[GenerateResult]: ...
+
+    def generate(self, prompts: Sequence[str], params: Params = None, *,
+                 batch_size: int | None = None, **options: Any) -> list[Any]:
+        """Complete each prompt.
+
+        With ``params`` (one ``SamplingParams`` for all, or one per prompt, as vLLM's
+        ``LLM.generate``): a ``GenerateResult`` per prompt (text, finish reason, token
+        counts, logprobs), unset parameters taken from the model's ``generation_config``.
+        Without: today's plain strings, ``options`` passed to ``model.generate`` as they
+        are (sampling as the model's ``generation_config`` says; greedy when it says nothing).
+        """
+        if params is None:
+            return self._result(self._submit("generate", prompts, {"options": options},
+                                             batch_size, stream=False))
+        _no_options(options)
+        return self._complete([Request(prompt=p) for p in prompts], params, batch_size)
+
+    def chat(self, messages: Conversation | Sequence[Conversation], params: Params = None, *,
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             batch_size: int | None = None) -> list[GenerateResult]:
+        """Answer each conversation (a list of ``{"role", "content"}`` messages; one
+        conversation or a list of them), rendered by the model's chat template
+        (``chat_template``: a Jinja template instead). ``params`` as for ``generate``."""
+        conversations = _conversations(messages)
+        return self._complete([Request(messages=tuple(c),
+                                       add_generation_prompt=add_generation_prompt)
+                               for c in conversations], params, batch_size,
+                              chat_template=chat_template)
+
+    def _requests(self, requests: Sequence[Request], params: Params) -> list[Request]:
+        """Each request with its own parameters: ``params`` one for all, or one each."""
+        if isinstance(params, SamplingParams) or params is None:
+            return list(requests)
+        if len(params) != len(requests):
+            raise ValueError(f"{len(params)} SamplingParams for {len(requests)} requests: "
+                             "give one for all, or one per request")
+        return [Request(r.prompt, r.messages, p, r.add_generation_prompt, r.template_kwargs)
+                for r, p in zip(requests, params, strict=True)]
+
+    def _complete_iter(self, requests: Sequence[Request], params: Params, *,
+                       batch_size: int | None = None,
+                       chat_template: str | None = None) -> Iterator[Outcome]:
+        """``GenerateResult`` outcomes of ``Request`` values; a single ``params`` is the
+        default of every request that leaves a field unset (``run``'s flags)."""
+        defaults = params if isinstance(params, SamplingParams) else None
+        return self._iterate("complete", self._requests(requests, params),
+                             {"defaults": defaults, "chat_template": chat_template}, batch_size)
+
+    def _complete(self, requests: Sequence[Request], params: Params, batch_size: int | None,
+                  *, chat_template: str | None = None) -> list[GenerateResult]:
+        defaults = params if isinstance(params, SamplingParams) else None
+        return self._result(self._submit(
+            "complete", self._requests(requests, params),
+            {"defaults": defaults, "chat_template": chat_template}, batch_size, stream=False))
 
     def embed_iter(self, texts: Sequence[str], *, pooling: str = "mean",
                    batch_size: int | None = None) -> Iterator[Outcome]:
@@ -356,6 +425,42 @@ class Executor:
         self._scheduler.submit([Batch("rpc", [0], (func, args, kwargs), [], call, slot=slot)
                                 for slot, call in enumerate(calls)])
         return [call.future.result()[0] for call in calls]
+
+
+def _no_options(options: dict[str, Any]) -> None:
+    if options:
+        raise TypeError(f"generate() with params takes no model.generate options "
+                        f"({', '.join(sorted(options))}): set them in SamplingParams")
+
+
+def _conversations(messages: Conversation | Sequence[Conversation]) -> list[Conversation]:
+    """One conversation (its first item a message) or a list of them."""
+    items = list(messages)
+    if items and isinstance(items[0], Mapping):
+        return [items]  # type: ignore[list-item]  # one conversation
+    return items  # type: ignore[return-value]  # a list of conversations
+
+
+def _grouped(requests: Sequence[Any], defaults: SamplingParams | None, size: int | None,
+             plan: Callable[[Sequence[int]], list[list[int]]]) -> list[list[int]]:
+    """Batches of requests that can share ``generate`` calls: within each window, the
+    requests of one group (``params.group_key``, as far as the parent can tell without the
+    model's generation_config) planned apart, by length or ``size`` at a time."""
+    batches: list[list[int]] = []
+    for start in range(0, len(requests), BATCH_WINDOW):
+        groups: dict[Any, list[int]] = {}
+        for i in range(start, min(start + BATCH_WINDOW, len(requests))):
+            params = (requests[i].params or SamplingParams()).over(defaults)
+            groups.setdefault(group_key(resolve(params, {}), i), []).append(i)
+        for members in groups.values():
+            if size:
+                batches += [members[j:j + size] for j in range(0, len(members), size)]
+                continue
+            lengths = [estimate_tokens(requests[i].size_hint()) + resolve(
+                (requests[i].params or SamplingParams()).over(defaults), {}).max_tokens
+                for i in members]
+            batches += [[members[j] for j in batch] for batch in plan(lengths)]
+    return batches
 
 
 def _device_for(device: str, slot: int) -> str:

@@ -31,7 +31,8 @@ from typing import Any
 from .._code.source import WEIGHT_SUFFIXES
 from ..errors import ModelFilesMissingError
 
-__all__ = ["MODEL_TASKS", "check_model_files", "has_weights", "missing_tokenizer"]
+__all__ = ["MODEL_TASKS", "check_model_files", "has_weights", "may_have_chat_template",
+           "missing_tokenizer"]
 
 #: The tasks whose workers build a model from the weights.
 MODEL_TASKS = frozenset({"generate", "embed", "score"})
@@ -195,3 +196,17 @@ def check_model_files(folder: Path, tasks: Sequence[str], code: Path | None = No
             f"the model; no worker was started.",
             path=str(folder), missing=tuple(missing), files=tuple(files),
             fix="; ".join(fixes) + ".")
+
+
+def may_have_chat_template(folder: Path) -> bool:
+    """Whether the tokenizer of ``folder`` can have a chat template: one of the files
+    transformers reads it from (``chat_template.jinja``, ``chat_template.json``, a
+    ``chat_template`` in ``tokenizer_config.json``), or a remote-code tokenizer (its class may
+    set one in code: the worker has the last word)."""
+    names = _files(folder)
+    if names & {"chat_template.jinja", "chat_template.json"} or (folder / "additional_chat_templates").is_dir():
+        return True
+    config = _json(folder / "tokenizer_config.json") or {}
+    auto_map = config.get("auto_map")
+    return bool(config.get("chat_template")) or (
+        isinstance(auto_map, dict) and "AutoTokenizer" in auto_map)

@@ -8,7 +8,7 @@ trusted to mean the code is there, and it executes only the digest the parent ch
 (``CodeChangedError`` otherwise), so a worker started after the folder changed cannot
 run code nobody decided on. It then answers one message per request on its pipe::
 
-    parent -> worker   (request_id, kind, pickled payload)   kind: generate|embed|score|rpc|stop
+    parent -> worker   (request_id, kind, pickled payload)   kind: generate|complete|embed|score|rpc|stop
     worker -> parent   (request_id, "ok", pickled result) | (request_id, "error", (blob, tb, text))
 
 The payload travels pickled on its own, inside the message: the worker unpickles it
@@ -265,7 +265,10 @@ class _Engine:
         from .generation import continuous_supports, generate_continuous, lighter_min_new_tokens
 
         model = self.model_for("generate")
-        options = {"do_sample": False, "max_new_tokens": _settings.DEFAULT_MAX_NEW_TOKENS, **options}
+        # Sampling or not as the model's generation_config says (transformers' default:
+        # greedy), unless the caller says; the continuous path asks which.
+        options = {"do_sample": bool(model.generation_config.do_sample),
+                   "max_new_tokens": _settings.DEFAULT_MAX_NEW_TOKENS, **options}
         if self.tokenizer.pad_token_id is not None:
             options.setdefault("pad_token_id", self.tokenizer.pad_token_id)
         assert self.generate_path is not None  # set when the model was built
@@ -280,6 +283,12 @@ class _Engine:
             out = model.generate(**enc, **options)
         new = out[:, enc["input_ids"].shape[1]:]
         return [str(self.tokenizer.decode(row, skip_special_tokens=True)) for row in new]
+
+    def complete(self, requests: list[Any], defaults: Any, chat_template: str | None) -> list[Any]:
+        """``Request`` values -> ``GenerateResult`` values: see ``complete``."""
+        from .complete import complete
+
+        return complete(self, requests, defaults, chat_template)
 
     def embed(self, texts: list[str], pooling: str) -> list[list[float]]:
         import torch
@@ -388,6 +397,9 @@ def handle(engine: _Engine, kind: str, payload: Any) -> tuple[str, Any]:
         payload = _unpack(payload)
         if kind == "generate":
             result: Any = engine.generate(payload["texts"], payload["options"])
+        elif kind == "complete":
+            result = engine.complete(payload["texts"], payload["defaults"],
+                                     payload["chat_template"])
         elif kind == "embed":
             result = engine.embed(payload["texts"], payload["pooling"])
         elif kind == "score":
