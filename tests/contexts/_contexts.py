@@ -120,7 +120,8 @@ def rank_reports(mode: str, launcher: list[str], flavour: str, *, layouts: Path,
 def check_ranks(reports: dict[str, list[dict[str, Any]]], layouts: tuple[str, ...],
                 ranks: int) -> None:
     """What every rank of each mode must report (``ranks.py``), plain transformers included."""
-    for rank, plain in enumerate(reports["plain"]):
+    assert len(reports["plain"]) == ranks
+    for plain in reports["plain"]:
         assert plain["world"] == ranks
         # transformers copies `utils/rope.py` as `utils.rope.py`: no rank loads the sub-package
         assert plain["subpackage"]["error"] == "FileNotFoundError", plain

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from _contexts import LAYOUT_SPECS
 
 from codeferry.testing import write_hub_model, write_model

@@ -7,8 +7,8 @@ Plain transformers, the script calling ``codeferry.install()``, and the plain sc
 
 from __future__ import annotations
 
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 
 from _contexts import LAYOUTS, MODES, last_json, run, script, show
