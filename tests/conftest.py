@@ -74,7 +74,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 #: module fixtures are made once; these files share a worker too (one Ray instance at a time
 #: on the machine). The longest files start first, so that the workers finish together.
 _SHARED_SCOPE = {"exec/test_ray_cluster.py": "ray", "exec/test_ray.py": "ray"}
-_LONGEST_FIRST = ("exec/test_ray_cluster.py", "exec/test_ray.py", "vllm/test_vllm.py",
+_LONGEST_FIRST = ("exec/test_ray_cluster.py", "exec/test_ray.py", "contexts/test_datasets.py",
+                  "contexts/test_pools.py", "contexts/test_torchrun.py",
+                  "contexts/test_accelerate.py", "vllm/test_vllm.py",
                   "commands/test_doctor.py", "exec/test_worker_stdout.py", "load/test_exec.py",
                   "runtime/test_travel.py", "code/test_hub_cache.py", "exec/test_executor.py")
 
