@@ -14,10 +14,10 @@ from pathlib import Path
 
 from _contexts import LAYOUTS, MODES, last_json, run, script, show
 
-#: Plain transformers today: the first worker that receives the config cannot unpickle it
-#: (``No module named 'transformers_modules'``), loses its connection and never answers
-#: (``dask_cluster.WAIT`` bounds the wait); the cluster has no valid worker afterwards.
-PLAIN = {layout: {"submit": "TimeoutError", "scatter": "TimeoutError"} for layout in LAYOUTS}
+#: Plain transformers today: the worker that receives the config cannot unpickle it
+#: (``No module named 'transformers_modules'``) and loses its connection; the call would
+#: never answer (``dask_cluster.answer`` reports the lost worker instead of waiting).
+PLAIN = {layout: {"submit": "WorkerLost", "scatter": "WorkerLost"} for layout in LAYOUTS}
 
 
 def test_dask_workers_started_before_the_load_in_every_mode(
