@@ -8,14 +8,16 @@ token count is its word count, the same for every way) with a chat template
 that its next-token distributions are peaked, as a trained model's are: sampling then
 follows paths near the greedy ones instead of drawing uniformly from 32,000 words.
 
-Its end-of-sequence is chosen so that outputs stop at their own, data-dependent, widely
-different lengths: one greedy pass over the greedy workload's prompts, without any
-end-of-sequence, ``--max-new-tokens`` long; for every token that no prompt contains, each
-output's end is the position after its first occurrence (or the full length when it never
-occurs); among the tokens whose median end lies between an eighth and three quarters of
-the limit, the one with the most distinct ends (then the largest standard deviation) becomes
-``eos_token_id`` (config, generation config and the tokenizer's ``eos_token``, which is
-also its pad token). The line "ends" prints their spread.
+Its end-of-sequence ids are chosen so that outputs stop at their own, data-dependent,
+widely different lengths: one greedy pass over the prompts, without any end-of-sequence,
+``--max-new-tokens`` long; then, among the tokens no prompt contains, up to ``MAX_EOS``
+tokens are taken one at a time, each the one that brings the outputs' ends (the position
+after the first of them, or the full length) closest to evenly spread over the limit
+(Kolmogorov-Smirnov distance to uniform). A random model's greedy outputs fall into loops of
+one or two tokens, so no single token ends them at spread lengths; several ids, as Llama 3
+has, do. They go into the config and generation config (``eos_token_id``, a list) and the
+tokenizer (the first as ``eos_token`` and pad token, the others as special tokens, so every
+way drops them from texts). The "model" line prints the ends.
 
 Workloads (``--prompts`` prompts each, chat-formatted, 3 to 48 words of user text, most
 short):
@@ -32,9 +34,9 @@ engine for all workloads, run first and alone); ``codeferry.Executor`` at its de
 other settings; a plain transformers loop (``generate`` on batches of 8 in input order, 2
 threads). Every way: a warm-up call, then ``--reps`` timed calls (medians); the codeferry
 ways and the plain loop interleaved. "tok/s": generated tokens (end-of-sequence included)
-per second; "first s": time to the first output (``generate_iter``'s first; vLLM's
-``LLM.generate`` and the plain loop's batch hand back nothing earlier than their first
-batch); "peak RSS": the largest VmHWM among the way's processes, and their count. Greedy
+per second; "first s": time to the first output within a timed call (``generate_iter``'s
+first outcome; the plain loop's first batch; vLLM's ``LLM.generate`` hands back nothing
+before the call ends); "peak RSS": the largest VmHWM among the way's processes, and their count. Greedy
 texts are compared with the plain loop's. Run::
 
     HF_HUB_OFFLINE=1 nice -n 5 python benchmarks/bench_generation.py \\
@@ -63,6 +65,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 import bench_executor as be  # noqa: E402 - stdlib only at import
 
 HEAD_SCALE = 8.0
+MAX_EOS = 8
 VOCAB = 32000
 SIZES = {"70m": (512, 12), "200m": (1024, 12)}
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> "
@@ -123,25 +126,47 @@ def make_model(root: Path, size: str, prompts_user: list[str], new: int) -> tupl
     ids = [tokenizer(p)["input_ids"] for p in prompts]
     torch.set_num_threads(os.cpu_count() or 1)
     rows = decode(model, ids, [RowOptions(new) for _ in ids], pad_token_id=0)
-    used = {t for row in ids for t in row} | set(range(len(marks)))
-    best: tuple[tuple[bool, int, float], int, list[int]] = ((False, 0, 0.0), -1, [])
-    for token in {t for row in rows for t in row} - used:
-        ends = [row.index(token) + 1 if token in row else new for row in rows]
-        middle = new / 8 <= statistics.median(ends) <= new * 3 / 4
-        score = (middle, len(set(ends)), statistics.pstdev(ends))
-        if score > best[0]:
-            best = (score, token, ends)
-    eos, ends = best[1], best[2]
-    spread = statistics.pstdev(ends)
+    # Not a token of any prompt, nor one an output starts with (every output at least 2 long).
+    used = {t for row in ids for t in row} | set(range(len(marks))) | {row[0] for row in rows}
+    eos, ends = choose_ends(rows, new, used)
     model.config.eos_token_id = model.generation_config.eos_token_id = eos
-    model.config.pad_token_id = model.generation_config.pad_token_id = eos
-    tokenizer.eos_token = tokenizer.pad_token = words[eos]
+    model.config.pad_token_id = model.generation_config.pad_token_id = eos[0]
+    tokenizer.eos_token = tokenizer.pad_token = words[eos[0]]
+    tokenizer.add_special_tokens({"additional_special_tokens": [words[t] for t in eos[1:]]})
+    spread = statistics.pstdev(ends)
     path = root / f"llama-{size}"
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     params = sum(p.numel() for p in model.parameters())
-    return path, {"eos": eos, "word": words[eos], "params": params,
+    return path, {"eos": eos, "word": " ".join(words[t] for t in eos), "params": params,
                   "ends": sorted(ends), "spread": spread}
+
+
+def choose_ends(rows: list[list[int]], new: int, used: set[int]) -> tuple[list[int], list[int]]:
+    """End-of-sequence ids (at most ``MAX_EOS``) under which the outputs ``rows`` end as
+    evenly spread over ``1..new`` as they can: added one at a time, each the token that
+    brings the ends' distribution closest to uniform (Kolmogorov-Smirnov distance)."""
+    def ends_for(chosen: list[int]) -> list[int]:
+        out = []
+        for row in rows:
+            hits = [at for at, t in enumerate(row) if t in chosen]
+            out.append(hits[0] + 1 if hits else new)
+        return out
+
+    def distance(ends: list[int]) -> float:
+        ordered = sorted(ends)
+        return max(abs((i + 1) / len(ordered) - e / new) for i, e in enumerate(ordered))
+
+    chosen: list[int] = []
+    best = distance(ends_for(chosen))
+    candidates = sorted({t for row in rows for t in row} - used)
+    while len(chosen) < MAX_EOS:
+        scored = min(((distance(ends_for([*chosen, t])), t) for t in candidates), default=None)
+        if scored is None or scored[0] >= best:
+            break
+        best = scored[0]
+        chosen.append(scored[1])
+    return chosen or candidates[:1], ends_for(chosen)
 
 
 def chat(tokenizer: Any, users: list[str]) -> list[str]:
@@ -158,9 +183,9 @@ def count(text: str, new: int) -> int:
 @dataclass
 class Way:
     label: str
-    call: Callable[[], list[str]]
+    #: One call of every prompt: the texts, and the seconds to the first of them.
+    call: Callable[[], tuple[list[str], float]]
     startup_s: float | None
-    first: Callable[[], float] | None = None
     peak: Callable[[], list[int]] = lambda: [_peak()]
     times: list[float] = field(default_factory=list)
     firsts: list[float] = field(default_factory=list)
@@ -178,17 +203,15 @@ def executor_way(label: str, path: str, prompts: list[str], options: dict[str, A
     ex = codeferry.Executor(path, preload=("generate",), **settings)
     startup = time.perf_counter() - start
 
-    def first() -> float:
-        begin = time.perf_counter()
-        iterator = ex.generate_iter(prompts, **options)
-        next(iter(iterator))
-        took = time.perf_counter() - begin
-        for _ in iterator:
-            pass
-        return took
+    def call() -> tuple[list[str], float]:
+        begin, first, texts = time.perf_counter(), 0.0, [""] * len(prompts)
+        for outcome in ex.generate_iter(prompts, **options):
+            first = first or time.perf_counter() - begin
+            texts[outcome.index] = outcome.value
+        return texts, first
 
     info = ex.worker_info[0]
-    return Way(label, lambda: ex.generate(prompts, **options), startup, first,
+    return Way(label, call, startup,
                peak=lambda: list(ex.collective_rpc(_peak)), close=ex.close,
                note=f"{len(ex.worker_info)} workers, {info['generate_path']}")
 
@@ -209,16 +232,15 @@ def plain_way(path: str, prompts: list[str], options: dict[str, Any]) -> Way:
         return [str(tokenizer.decode(row, skip_special_tokens=True))
                 for row in out[:, enc["input_ids"].shape[1]:]]
 
-    def run() -> list[str]:
+    def run() -> tuple[list[str], float]:
         torch.set_num_threads(2)
-        return [t for s in range(0, len(prompts), be.BATCH) for t in batch(prompts[s:s + be.BATCH])]
+        begin, texts, first = time.perf_counter(), [], 0.0
+        for start in range(0, len(prompts), be.BATCH):
+            texts += batch(prompts[start:start + be.BATCH])
+            first = first or time.perf_counter() - begin
+        return texts, first
 
-    def first() -> float:
-        begin = time.perf_counter()
-        batch(prompts[:be.BATCH])
-        return time.perf_counter() - begin
-
-    return Way("plain transformers loop (generate, batches of 8, 2 threads)", run, None, first)
+    return Way("plain transformers loop (generate, batches of 8, 2 threads)", run, None)
 
 
 def vllm_ways(python: str, path: str, workloads: list[tuple[str, list[str], dict[str, Any]]],
@@ -247,26 +269,25 @@ def vllm_ways(python: str, path: str, workloads: list[tuple[str, list[str], dict
     return results
 
 
-def vllm_params(options: dict[str, Any], eos: int) -> dict[str, Any]:
+def vllm_params(options: dict[str, Any], eos: list[int]) -> dict[str, Any]:
     new = options["max_new_tokens"]
     if options.get("min_new_tokens"):
         return {"temperature": 0.0, "max_tokens": new, "min_tokens": new, "ignore_eos": True}
     if options.get("do_sample"):
         return {"temperature": options["temperature"], "top_k": options["top_k"],
-                "top_p": options["top_p"], "max_tokens": new, "stop_token_ids": [eos], "seed": 0}
-    return {"temperature": 0.0, "max_tokens": new, "stop_token_ids": [eos]}
+                "top_p": options["top_p"], "max_tokens": new, "stop_token_ids": eos, "seed": 0}
+    return {"temperature": 0.0, "max_tokens": new, "stop_token_ids": eos}
 
 
 def run_ways(ways: list[Way], reps: int) -> None:
     for way in ways:
-        way.texts = way.call()  # warm-up
+        way.texts = way.call()[0]  # warm-up
     for _ in range(reps):
         for way in ways:
             start = time.perf_counter()
-            way.texts = way.call()
+            way.texts, first = way.call()
             way.times.append(time.perf_counter() - start)
-            if way.first is not None:
-                way.firsts.append(way.first())
+            way.firsts.append(first)
     for way in ways:
         way.peaks = way.peak()
 
@@ -342,7 +363,7 @@ def main() -> int:
         lengths = [len(tokenizer(p)["input_ids"]) for p in prompts]
         print(f"model: {made['params'] / 1e6:.0f}M parameters; prompts {min(lengths)}-"
               f"{max(lengths)} tokens (median {statistics.median(lengths):.0f}); end-of-sequence "
-              f"{made['word']!r} (id {made['eos']}): greedy ends {made['ends'][0]}-"
+              f"{made['word']!r} (ids {made['eos']}): greedy ends {made['ends'][0]}-"
               f"{made['ends'][-1]} (median {statistics.median(made['ends']):.0f}, "
               f"stdev {made['spread']:.1f}) of {args.max_new_tokens}")
         new = args.max_new_tokens
