@@ -90,10 +90,11 @@ def test_planned_batches_keep_every_output_at_its_input(
     assert all(o.value == one_by_one[o.index] for o in outcomes)
 
 
-def test_auto_takes_the_batched_path_on_cpu(llama_batched: codeferry.Executor,
-                                            llama: Path) -> None:
+def test_auto_takes_the_decode_loop_on_cpu(llama_batched: codeferry.Executor,
+                                           llama: Path) -> None:
     texts, info = run(llama, PROMPTS[:3], {"max_new_tokens": 4})
-    assert info["generate_path"] == "batched" and info["generate_reason"].startswith("cpu:")
+    assert info["generate_path"] == "decode", info["generate_reason"]
+    assert "matched generate token for token" in info["generate_reason"]
     assert texts == llama_batched.generate(PROMPTS[:3], max_new_tokens=4)
 
 
@@ -115,7 +116,7 @@ def test_models_continuous_batching_cannot_run_fall_back_with_the_same_outputs(
 
 
 def test_an_unknown_generate_path_is_refused_before_any_worker_starts(llama: Path) -> None:
-    with pytest.raises(ValueError, match="generate_path must be 'auto', 'continuous' or"):
+    with pytest.raises(ValueError, match="generate_path must be 'auto', 'decode', 'continuous' or"):
         run(llama, PROMPTS[:1], {}, generate_path="fastest")
 
 
@@ -124,9 +125,9 @@ def test_doctor_says_which_path_a_model_takes(llama: Path) -> None:
 
     works = doctor(str(llama), workers=1, start_method="fork")
     assert works.workers[0].checks["generate_path"] == {
-        "cpu": "batched", "accelerator": "continuous",
+        "cpu": "decode", "accelerator": "continuous",
         "reason": "a greedy probe matched generate token for token"}
-    assert "generate: batched on cpu, continuous on an accelerator" in render_doctor(works)
+    assert "generate: decode on cpu, continuous on an accelerator" in render_doctor(works)
     demo = doctor(cli._demo(), workers=1, start_method="fork", trust_remote_code=True)
     line = render_doctor(demo)
     assert "generate: batched on cpu, batched on an accelerator (continuous batching does not " \

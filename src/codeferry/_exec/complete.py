@@ -134,6 +134,15 @@ def _generate(engine: Any, model: Any, prompts: list[list[int]], group: list[Res
              and not first.presence_penalty and not first.frequency_penalty
              and not first.stop_token_ids)
     assert engine.generate_path is not None  # set when the model was built
+    if engine.generate_path[0] == "decode" and plain and not first.do_sample:
+        # the decode loop (decode.py): each row to its own max_tokens, ended rows leave
+        from .decode import RowOptions, decode
+
+        rows = decode(model, prompts, [RowOptions(
+            max_new_tokens=p.max_tokens, eos=tuple(stops),
+            min_new_tokens=min(p.min_tokens or 0, p.max_tokens)) for p in group],
+            pad_token_id=pad)
+        return [[(row, None)] for row in rows]
     if engine.generate_path[0] == "continuous" and plain and not first.do_sample \
             and continuous_supports(options):
         rows = generate_continuous(model, prompts, options, ends or None)

@@ -83,9 +83,10 @@ class Executor:
 
     Batches: ``batch_size`` fixes the inputs per batch; by default inputs of similar length
     are batched together, ``max_batch_tokens`` padded tokens a batch (``_batching``).
-    ``generate_path``: ``"auto"`` (continuous batching on an accelerator when the model
-    supports it, batched ``generate`` otherwise), ``"continuous"`` or ``"batched"``; each
-    worker's choice is in ``worker_info`` (``_generation``).
+    ``generate_path``: ``"auto"`` (on CPU the decode loop, ``decode.py``, when a probe shows
+    it gives ``generate``'s tokens for the model; continuous batching on an accelerator when
+    the model supports it; batched ``generate`` otherwise), ``"decode"``, ``"continuous"`` or
+    ``"batched"``; each worker's choice is in ``worker_info`` (``_generation``).
 
     Refused before any worker starts (``_checks``): a ``device`` this machine's torch
     cannot use (``DeviceError``), and spawn or forkserver workers started by a main script
@@ -118,7 +119,7 @@ class Executor:
         revision: str | None = None,
         batch_size: int | None = None,
         max_batch_tokens: int | None = None,
-        generate_path: Literal["auto", "continuous", "batched"] = "auto",
+        generate_path: Literal["auto", "decode", "continuous", "batched"] = "auto",
         max_retries: int = 2,
         threads_per_worker: int | None = None,
         preload: Sequence[str] = ("generate",),
@@ -137,8 +138,8 @@ class Executor:
         options = ModelOptions.of(locals())
         if workers < 1:
             raise ValueError("workers must be at least 1")
-        if generate_path not in ("auto", "continuous", "batched"):
-            raise ValueError(f"generate_path must be 'auto', 'continuous' or 'batched', "
+        if generate_path not in ("auto", "decode", "continuous", "batched"):
+            raise ValueError(f"generate_path must be 'auto', 'decode', 'continuous' or 'batched', "
                              f"got {generate_path!r}")
         if backend == "local":
             # Mistakes a worker would only report as an exit code: refused here, typed.
@@ -255,15 +256,26 @@ class Executor:
         else:
             new = int(extra.get("options", {}).get("max_new_tokens") or _settings.DEFAULT_MAX_NEW_TOKENS)
             lengths = [estimate_tokens(x) + (new if kind == "generate" else 0) for x in inputs]
-            plan = self._plan(lengths)
+            plan = self._plan(lengths, generating=kind == "generate")
         owner = call or Call(len(inputs))  # (no call: only the plan is looked at)
         return [Batch(kind, indices, {"texts": [inputs[i] for i in indices], **extra},
                       [inputs[i] for i in indices], owner) for indices in plan]
 
-    def _plan(self, lengths: Sequence[int]) -> list[list[int]]:
-        return plan_batches(lengths, max_batch_tokens=self.max_batch_tokens,
-                            max_batch_size=self.max_batch_size, window=BATCH_WINDOW,
-                            spread=len(self._scheduler.specs) * PIPELINE)
+    def _plan(self, lengths: Sequence[int], *, generating: bool = True) -> list[list[int]]:
+        budget, spread = self.max_batch_tokens, len(self._scheduler.specs) * PIPELINE
+        if generating and self._decoding():
+            # engine (issue 20): the decode loop pads nothing across the rows it refills and
+            # drops rows as they end, so a batch is sized by rows (its KV cache is bounded in
+            # the worker, decode.rows_for): one batch a worker at a time, as wide as the
+            # planner allows, so that finished rows are refilled from the same batch.
+            budget, spread = max(lengths, default=1) * self.max_batch_size, len(self._scheduler.specs)
+        return plan_batches(lengths, max_batch_tokens=budget, max_batch_size=self.max_batch_size,
+                            window=BATCH_WINDOW, spread=spread)
+
+    def _decoding(self) -> bool:
+        """Whether every worker generates with the decode loop (``decode.py``)."""
+        info = self._scheduler.info()
+        return bool(info) and all(i.get("generate_path") == "decode" for i in info)
 
     def _submit(self, kind: str, inputs: Sequence[Any], extra: dict[str, Any],
                 batch_size: int | None, *, stream: bool) -> Call:

@@ -233,10 +233,15 @@ class _Engine:
         key = "AutoModel" if kind == "embed" else "AutoModelForCausalLM"
         self.models[key] = model.to(self.spec.device).eval()
         if kind == "generate":
+            from .decode import choose
             from .generation import choose_path
 
-            self.generate_path = choose_path(self.models[key], self.spec.generate_path,
-                                             self.spec.device, self.tokenizer.pad_token_id)
+            # engine (issue 20): the decode loop first, where it is taken (decode.choose).
+            requested = self.spec.generate_path
+            self.generate_path = choose(self.models[key], requested, self.spec.device,
+                                        self.tokenizer.pad_token_id) or choose_path(
+                self.models[key], "auto" if requested == "decode" else requested,
+                self.spec.device, self.tokenizer.pad_token_id)
 
     def info(self) -> dict[str, Any]:
         """What the ready message tells the parent: classes, and how ``generate`` runs."""
@@ -272,6 +277,12 @@ class _Engine:
         if self.tokenizer.pad_token_id is not None:
             options.setdefault("pad_token_id", self.tokenizer.pad_token_id)
         assert self.generate_path is not None  # set when the model was built
+        if self.generate_path[0] == "decode":  # engine (issue 20): decode.py's loop
+            from .decode import generate as decode_generate
+
+            texts_out = decode_generate(model, self.tokenizer, texts, options)
+            if texts_out is not None:
+                return texts_out
         if self.generate_path[0] == "continuous" and continuous_supports(options):
             ids = self.tokenizer(texts)["input_ids"]  # unpadded: it pages, it does not pad
             rows = generate_continuous(model, ids, options, model.generation_config.eos_token_id)

@@ -1,0 +1,392 @@
+"""Generation that looks like a real batch job: codeferry's ways against vLLM CPU, one run.
+
+The model: a random-weight Llama (``--size``: ``70m`` is hidden 512, 12 layers, 8 heads,
+fp32, 70M parameters; ``200m`` hidden 1024, 12 layers, 16 heads, 215M) over a word-level
+tokenizer of 32,000 words (``tokenizers``' ``WordLevel``: one token a word, so a text's
+token count is its word count, the same for every way) with a chat template
+(``<|user|> ... <|end|> <|assistant|>``). Its output head is scaled (x``HEAD_SCALE``) so
+that its next-token distributions are peaked, as a trained model's are: sampling then
+follows paths near the greedy ones instead of drawing uniformly from 32,000 words.
+
+Its end-of-sequence ids are chosen so that outputs stop at their own, data-dependent,
+widely different lengths: one greedy pass over the prompts, without any end-of-sequence,
+``--max-new-tokens`` long; then, among the tokens no prompt contains, up to ``MAX_EOS``
+tokens are taken one at a time, each the one that brings the outputs' ends (the position
+after the first of them, or the full length) closest to evenly spread over the limit
+(Kolmogorov-Smirnov distance to uniform). A random model's greedy outputs fall into loops of
+one or two tokens, so no single token ends them at spread lengths; several ids, as Llama 3
+has, do. They go into the config and generation config (``eos_token_id``, a list) and the
+tokenizer (the first as ``eos_token`` and pad token, the others as special tokens, so every
+way drops them from texts). The "model" line prints the ends.
+
+Workloads (``--prompts`` prompts each, chat-formatted, 3 to 48 words of user text, most
+short):
+
+- ``greedy``: up to ``--max-new-tokens`` new tokens, greedy, stops at end-of-sequence;
+- ``sampled``: the same with temperature 0.8, top-k 40, top-p 0.95 (each way draws its own
+  numbers: token counts differ a little between ways, the table counts each way's own);
+- ``forced16``: ``bench_vs_vllm.py``'s old workload on this model: 16 new tokens, greedy,
+  every output exactly 16 (``min_new_tokens``; ``min_tokens`` and ``ignore_eos`` for vLLM).
+
+Ways: vLLM CPU (``LLM`` defaults, ``VLLM_CPU_KVCACHE_SPACE=1``), vLLM's Transformers backend
+(``model_impl="transformers"``), both in ``--vllm-python`` (``_vllm_generation.py``, one
+engine for all workloads, run first and alone); ``codeferry.Executor`` at its defaults and
+other settings; a plain transformers loop (``generate`` on batches of 8 in input order, 2
+threads). Every way: a warm-up call, then ``--reps`` timed calls (medians); the codeferry
+ways and the plain loop interleaved. "tok/s": generated tokens (end-of-sequence included)
+per second; "first s": time to the first output within a timed call (``generate_iter``'s
+first outcome; the plain loop's first batch; vLLM's ``LLM.generate`` hands back nothing
+before the call ends); "peak RSS": the largest VmHWM among the way's processes, and their count. Greedy
+texts are compared with the plain loop's. Run::
+
+    HF_HUB_OFFLINE=1 nice -n 5 python benchmarks/bench_generation.py \\
+        --vllm-python /work/vllm-venv/bin/python [--prompts 32 --max-new-tokens 128]
+"""
+
+from __future__ import annotations
+
+# Only the standard library at module level: spawned workers import this file as __mp_main__.
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))
+import bench_executor as be  # noqa: E402 - stdlib only at import
+
+HEAD_SCALE = 8.0
+MAX_EOS = 8
+VOCAB = 32000
+SIZES = {"70m": (512, 12), "200m": (1024, 12)}
+TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> "
+            "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+SAMPLED = {"do_sample": True, "temperature": 0.8, "top_k": 40, "top_p": 0.95}
+SETTINGS = ('{"generate_path": "batched"}', '{"workers": 1}')
+
+
+def _peak(worker: Any = None) -> int:
+    """VmHWM of this process, bytes (runs in workers through collective_rpc too)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _cpu_seconds(worker: Any) -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return float(usage.ru_utime + usage.ru_stime)
+
+
+def user_texts(n: int) -> list[str]:
+    """``n`` user messages of 3 to 48 words, most short (3 + 45 u^3)."""
+    out = []
+    for i in range(n):
+        u = (i * 37) % n / max(1, n - 1)
+        words = 3 + int(45 * u ** 3)
+        out.append(" ".join(be.WORDS[(i * 7 + j) % len(be.WORDS)] for j in range(words)))
+    return out
+
+
+def make_model(root: Path, size: str, prompts_user: list[str], new: int) -> tuple[Path, dict[str, Any]]:
+    """The model folder, and how its end-of-sequence was chosen."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from codeferry._exec.decode import RowOptions, decode
+
+    marks = ["<unk>", "<|user|>", "<|assistant|>", "<|end|>"]
+    words = marks + sorted(set(be.WORDS))
+    words += [f"w{i}" for i in range(VOCAB - len(words))]
+    inner = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    inner.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=inner, chat_template=TEMPLATE,
+                                        model_input_names=["input_ids", "attention_mask"])
+    hidden, layers = SIZES[size]
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=hidden * 8 // 3,
+                         num_hidden_layers=layers, num_attention_heads=hidden // 64,
+                         num_key_value_heads=hidden // 64, max_position_embeddings=1024,
+                         tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
+                         pad_token_id=0)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(HEAD_SCALE)
+    prompts = chat(tokenizer, prompts_user)
+    ids = [tokenizer(p)["input_ids"] for p in prompts]
+    torch.set_num_threads(os.cpu_count() or 1)
+    rows = decode(model, ids, [RowOptions(new) for _ in ids], pad_token_id=0)
+    # Not a token of any prompt, nor one an output starts with (every output at least 2 long).
+    used = {t for row in ids for t in row} | set(range(len(marks))) | {row[0] for row in rows}
+    eos, ends = choose_ends(rows, new, used)
+    model.config.eos_token_id = model.generation_config.eos_token_id = eos
+    model.config.pad_token_id = model.generation_config.pad_token_id = eos[0]
+    tokenizer.eos_token = tokenizer.pad_token = words[eos[0]]
+    tokenizer.add_special_tokens({"additional_special_tokens": [words[t] for t in eos[1:]]})
+    spread = statistics.pstdev(ends)
+    path = root / f"llama-{size}"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    params = sum(p.numel() for p in model.parameters())
+    return path, {"eos": eos, "word": " ".join(words[t] for t in eos), "params": params,
+                  "ends": sorted(ends), "spread": spread}
+
+
+def choose_ends(rows: list[list[int]], new: int, used: set[int]) -> tuple[list[int], list[int]]:
+    """End-of-sequence ids (at most ``MAX_EOS``) under which the outputs ``rows`` end as
+    evenly spread over ``1..new`` as they can: added one at a time, each the token that
+    brings the ends' distribution closest to uniform (Kolmogorov-Smirnov distance)."""
+    def ends_for(chosen: list[int]) -> list[int]:
+        out = []
+        for row in rows:
+            hits = [at for at, t in enumerate(row) if t in chosen]
+            out.append(hits[0] + 1 if hits else new)
+        return out
+
+    def distance(ends: list[int]) -> float:
+        ordered = sorted(ends)
+        return max(abs((i + 1) / len(ordered) - e / new) for i, e in enumerate(ordered))
+
+    chosen: list[int] = []
+    best = distance(ends_for(chosen))
+    candidates = sorted({t for row in rows for t in row} - used)
+    while len(chosen) < MAX_EOS:
+        scored = min(((distance(ends_for([*chosen, t])), t) for t in candidates), default=None)
+        if scored is None or scored[0] >= best:
+            break
+        best = scored[0]
+        chosen.append(scored[1])
+    return chosen or candidates[:1], ends_for(chosen)
+
+
+def chat(tokenizer: Any, users: list[str]) -> list[str]:
+    return [str(tokenizer.apply_chat_template([{"role": "user", "content": u}], tokenize=False,
+                                              add_generation_prompt=True)) for u in users]
+
+
+def count(text: str, new: int) -> int:
+    """Generated tokens of an output: its words, and its end-of-sequence when it stopped early."""
+    words = len(text.split())
+    return words + (1 if words < new else 0)
+
+
+@dataclass
+class Way:
+    label: str
+    #: One call of every prompt: the texts, and the seconds to the first of them.
+    call: Callable[[], tuple[list[str], float]]
+    startup_s: float | None
+    peak: Callable[[], list[int]] = lambda: [_peak()]
+    times: list[float] = field(default_factory=list)
+    firsts: list[float] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    close: Callable[[], None] = lambda: None
+    note: str = ""
+    peaks: list[int] = field(default_factory=list)
+
+
+def executor_way(label: str, path: str, prompts: list[str], options: dict[str, Any],
+                 **settings: Any) -> Way:
+    import codeferry
+
+    start = time.perf_counter()
+    ex = codeferry.Executor(path, preload=("generate",), **settings)
+    startup = time.perf_counter() - start
+
+    def call() -> tuple[list[str], float]:
+        begin, first, texts = time.perf_counter(), 0.0, [""] * len(prompts)
+        for outcome in ex.generate_iter(prompts, **options):
+            first = first or time.perf_counter() - begin
+            texts[outcome.index] = outcome.value
+        return texts, first
+
+    info = ex.worker_info[0]
+    return Way(label, call, startup,
+               peak=lambda: list(ex.collective_rpc(_peak)), close=ex.close,
+               note=f"{len(ex.worker_info)} workers, {info['generate_path']}")
+
+
+def plain_way(path: str, prompts: list[str], options: dict[str, Any]) -> Way:
+    """``generate`` on batches of 8 in input order, left-padded, 2 threads, this process."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+
+    def batch(texts: list[str]) -> list[str]:
+        enc = tokenizer(texts, return_tensors="pt", padding=True)
+        with torch.inference_mode():
+            out = model.generate(**enc, pad_token_id=tokenizer.pad_token_id,
+                                 **{"do_sample": False, **options})
+        return [str(tokenizer.decode(row, skip_special_tokens=True))
+                for row in out[:, enc["input_ids"].shape[1]:]]
+
+    def run() -> tuple[list[str], float]:
+        torch.set_num_threads(2)
+        begin, texts, first = time.perf_counter(), [], 0.0
+        for start in range(0, len(prompts), be.BATCH):
+            texts += batch(prompts[start:start + be.BATCH])
+            first = first or time.perf_counter() - begin
+        return texts, first
+
+    return Way("plain transformers loop (generate, batches of 8, 2 threads)", run, None)
+
+
+def vllm_ways(python: str, path: str, workloads: list[tuple[str, list[str], dict[str, Any]]],
+              reps: int, root: Path) -> dict[str, Any]:
+    import _vllm_child  # tests/: run_in_group, shared with bench_vllm.py
+
+    results = {}
+    for impl in ("auto", "transformers"):
+        spec = {"model": path, "model_impl": impl, "max_model_len": 1024, "reps": reps,
+                "workloads": [{"name": n, "prompts": p, "params": v} for n, p, v in workloads]}
+        (root / f"vllm-{impl}.json").write_text(json.dumps(spec))
+        out = root / f"vllm-{impl}-out.json"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CODEFERRY_")}
+        env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
+                   VLLM_WORKER_MULTIPROC_METHOD="spawn", CODEFERRY_VLLM_PLUGIN="0",
+                   VLLM_CACHE_ROOT=str(root / "vllm-cache"))
+        with open(root / f"vllm-{impl}.log", "wb") as log:
+            _vllm_child.run_in_group([python, str(HERE / "_vllm_generation.py"),
+                                      str(root / f"vllm-{impl}.json"), str(out)],
+                                     env=env, stdout=log, timeout=3600)
+        result = json.loads(out.read_text()) if out.exists() else {"error": "no result"}
+        if "error" in result:
+            tail = (root / f"vllm-{impl}.log").read_text(errors="replace")[-1500:]
+            print(f"vLLM ({impl}) failed: {result['error'][:300]}\n{tail}")
+        results[impl] = result
+    return results
+
+
+def vllm_params(options: dict[str, Any], eos: list[int]) -> dict[str, Any]:
+    new = options["max_new_tokens"]
+    if options.get("min_new_tokens"):
+        return {"temperature": 0.0, "max_tokens": new, "min_tokens": new, "ignore_eos": True}
+    if options.get("do_sample"):
+        return {"temperature": options["temperature"], "top_k": options["top_k"],
+                "top_p": options["top_p"], "max_tokens": new, "stop_token_ids": eos, "seed": 0}
+    return {"temperature": 0.0, "max_tokens": new, "stop_token_ids": eos}
+
+
+def run_ways(ways: list[Way], reps: int) -> None:
+    for way in ways:
+        way.texts = way.call()[0]  # warm-up
+    for _ in range(reps):
+        for way in ways:
+            start = time.perf_counter()
+            way.texts, first = way.call()
+            way.times.append(time.perf_counter() - start)
+            way.firsts.append(first)
+    for way in ways:
+        way.peaks = way.peak()
+
+
+def table(name: str, new: int, prompts: list[str], ways: list[Way], vllm: dict[str, Any],
+          reference: list[str] | None) -> None:
+    rows: list[tuple[str, float, float, float | None, str, str, list[str]]] = []
+    labels = {"auto": "vLLM CPU (LLM defaults)", "transformers": 'vLLM CPU, model_impl="transformers"'}
+    for impl, result in vllm.items():
+        work = result.get("workloads", {}).get(name)
+        if not work:
+            continue
+        median = statistics.median(work["times"])
+        peaks = list(result.get("peak_rss", {}).values())
+        rows.append((labels[impl], median, median, result.get("startup_s"),
+                     f"{max(peaks) / 2**30:.2f} GiB x{len(peaks)}" if peaks else "-",
+                     f"tokens by vLLM: {sum(work['tokens'])}", work["texts"]))
+    for way in ways:
+        median = statistics.median(way.times)
+        first = statistics.median(way.firsts) if way.firsts else median
+        rows.append((way.label, median, first, way.startup_s,
+                     f"{max(way.peaks) / 2**30:.2f} GiB x{len(way.peaks)}", way.note, way.texts))
+    base = next((r[1] / sum(count(t, new) for t in r[6]) for r in rows
+                 if r[0] == labels["auto"]), None)
+    print(f"\n### {name}: {len(prompts)} prompts, up to {new} new tokens\n")
+    print("| way | tok/s | vs vLLM CPU | items/s | first s | start-up s | peak RSS | tokens "
+          "| same greedy text | note |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for label, median, first, startup, peak, note, texts in rows:
+        tokens = sum(count(t, new) for t in texts)
+        rate = tokens / median
+        ratio = f"{rate * base:.2f}x" if base else "-"
+        same = ("-" if reference is None or name == "sampled"
+                else f"{sum(a.strip() == b.strip() for a, b in zip(texts, reference, strict=True))}"
+                f"/{len(texts)}")
+        print(f"| {label} | {rate:.1f} | {ratio} | {len(prompts) / median:.2f} | {first:.2f} | "
+              f"{'-' if startup is None else f'{startup:.1f}'} | {peak} | {tokens} | {same} "
+              f"| {note} |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--vllm-python", help="a Python with vllm installed")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--size", choices=sorted(SIZES), default="70m")
+    parser.add_argument("--workload", action="append", choices=["greedy", "sampled", "forced16"])
+    parser.add_argument("--setting", action="append", default=None,
+                        help="Executor settings (JSON) besides the defaults; default: "
+                        + " ".join(SETTINGS))
+    args = parser.parse_args()
+    settings = args.setting or list(SETTINGS)
+    chosen = args.workload or ["greedy", "sampled", "forced16"]
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="codeferry-bench-generation-") as name:
+        root = Path(name)
+        os.environ.update({"HF_HUB_OFFLINE": "1", "HF_HOME": str(root / "hf"),
+                           "HF_MODULES_CACHE": str(root / "hf" / "modules"),
+                           "CODEFERRY_HOME": str(root / "codeferry"),
+                           "HF_HUB_DISABLE_PROGRESS_BARS": "1"})
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+        print(f"command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
+        print(be.machine_line() + " (2 shared cores: other work may be running; read ratios)")
+        users = user_texts(args.prompts)
+        path, made = make_model(root, args.size, users, args.max_new_tokens)
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        prompts = chat(tokenizer, users)
+        lengths = [len(tokenizer(p)["input_ids"]) for p in prompts]
+        print(f"model: {made['params'] / 1e6:.0f}M parameters; prompts {min(lengths)}-"
+              f"{max(lengths)} tokens (median {statistics.median(lengths):.0f}); end-of-sequence "
+              f"{made['word']!r} (ids {made['eos']}): greedy ends {made['ends'][0]}-"
+              f"{made['ends'][-1]} (median {statistics.median(made['ends']):.0f}, "
+              f"stdev {made['spread']:.1f}) of {args.max_new_tokens}")
+        new = args.max_new_tokens
+        options = {"greedy": {"max_new_tokens": new}, "sampled": {"max_new_tokens": new, **SAMPLED},
+                   "forced16": {"max_new_tokens": 16, "min_new_tokens": 16}}
+        work = [(w, prompts, vllm_params(options[w], made["eos"])) for w in chosen]
+        vllm = vllm_ways(args.vllm_python, str(path), work, args.reps, root) if args.vllm_python else {}
+        for workload in chosen:
+            opts = options[workload]
+            ways = [executor_way("codeferry Executor, defaults", str(path), prompts, opts)]
+            for setting in settings:
+                ways.append(executor_way(f"codeferry Executor({setting})", str(path), prompts,
+                                         opts, **json.loads(setting)))
+            ways.append(plain_way(str(path), prompts, opts))
+            run_ways(ways, args.reps)
+            for way in ways:
+                way.close()
+            limit = opts["max_new_tokens"]
+            table(workload, limit, prompts, ways, vllm, ways[-1].texts)
+    print(f"\ntotal {time.perf_counter() - started:.0f} s, load average at the end "
+          f"{os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

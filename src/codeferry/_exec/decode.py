@@ -1,0 +1,430 @@
+"""A decode loop for CPU batch generation: rows leave when they end, new rows take their place.
+
+Why not ``model.generate`` on a padded batch: on a decode-heavy job (hundreds of new
+tokens, each output ending at its own end-of-sequence) a padded batch computes every row
+until its longest row ends, and transformers' ``DynamicCache`` grows by ``torch.cat`` at
+every step, copying the whole cache each time (quadratic in the output length). And why
+not transformers' continuous batching (``generate_batch``): on CPU its scheduler and paged
+attention cost more per step than they save (``generation.py``). This loop calls the
+model's ``forward`` itself:
+
+- a prefill of a group of left-padded prompts computes logits for the last position only
+  (``logits_to_keep=1``), then every step feeds one token per row;
+- the cache is ``_Layer``: per layer one preallocated buffer, written in place, its
+  capacity the longest row's prompt plus its remaining new tokens;
+- a row that ends (its end-of-sequence, its ``max_new_tokens``) stops being computed: the
+  batch is compacted (rows selected, and cache columns that only padding fills any more
+  dropped) once an eighth of it has ended, so compaction copies the cache rarely;
+- when a quarter of the rows (``max_rows``) are free and prompts are waiting, they are
+  prefilled as a group and merged in, right-aligned (left padding, masked), so a long
+  output never holds a half-empty batch.
+
+Each row has its own options (``RowOptions``): new-token limits, end-of-sequence ids,
+greedy or sampled (temperature, top-k, top-p, seed). Greedy rows give ``generate``'s tokens
+(positions from the attention mask as ``generate`` computes them, float32 argmax);
+``tests/exec/test_decode.py`` checks it token for token. A model whose cache is not plain
+full attention (sliding windows, states), or whose ``forward`` lacks what the loop passes,
+is not run here: ``supports`` says so, and the worker's probe (``probe``) compares the loop
+with ``generate`` on the model itself before taking it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["RowOptions", "decode", "probe", "row_options", "rows_for", "supports"]
+
+#: ``generate`` options the loop honours; any other sends a call to ``generate``.
+SUPPORTED = frozenset({"max_new_tokens", "min_new_tokens", "do_sample", "temperature", "top_k",
+                       "top_p", "seed", "eos_token_id", "pad_token_id"})
+#: Rows decoded together at most, and the KV-cache bytes they may hold (CPU defaults).
+MAX_ROWS, KV_BUDGET = 64, 1 << 30
+
+
+@dataclass(frozen=True)
+class RowOptions:
+    """How one row is generated."""
+
+    max_new_tokens: int
+    eos: tuple[int, ...] = ()
+    min_new_tokens: int = 0
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    #: A row with a seed draws from its own generator: the same seed, the same tokens.
+    seed: int | None = None
+
+
+def _ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return (int(value),) if isinstance(value, int) else tuple(int(v) for v in value)
+
+
+def row_options(options: dict[str, Any], config: Any) -> RowOptions | None:
+    """``generate``-style ``options`` as ``RowOptions``, defaults from the model's generation
+    ``config``; ``None`` when an option is one the loop does not do (then ``generate`` does)."""
+    if set(options) - SUPPORTED:
+        return None
+
+    def get(name: str, default: Any) -> Any:
+        value = options.get(name, getattr(config, name, None))
+        return default if value is None else value
+
+    sample = bool(get("do_sample", False))
+    return RowOptions(
+        max_new_tokens=int(get("max_new_tokens", 20)), eos=_ids(get("eos_token_id", None)),
+        min_new_tokens=int(get("min_new_tokens", 0)), do_sample=sample,
+        temperature=float(get("temperature", 1.0)) if sample else 1.0,
+        top_k=int(get("top_k", 0)) if sample else 0,
+        top_p=float(get("top_p", 1.0)) if sample else 1.0,
+        seed=options.get("seed"))
+
+
+def supports(model: Any) -> str | None:
+    """``None`` when the loop can drive ``model``; otherwise why not."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return "its forward has no signature"
+    missing = {"past_key_values", "attention_mask", "position_ids"} - set(parameters)
+    if missing:
+        return f"its forward takes no {', '.join(sorted(missing))}"
+    try:
+        cache = DynamicCache(config=model.config)
+    except Exception as exc:  # noqa: BLE001 - a config transformers cannot build a cache for
+        return f"no cache for its config: {type(exc).__name__}: {exc}"
+    if any(type(layer) is not DynamicLayer for layer in cache.layers):
+        return "its cache is not plain full attention (sliding windows or states)"
+    return None
+
+
+def rows_for(model: Any, longest: int, kv_budget: int = KV_BUDGET,
+             max_rows: int = MAX_ROWS) -> int:
+    """Rows decoded together: ``max_rows``, fewer when their cache, ``longest`` positions a
+    row (prompt plus new tokens), would pass ``kv_budget`` bytes."""
+    config = model.config.get_text_config()
+    heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+    dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+    size = next(model.parameters()).element_size()
+    per_row = 2 * int(config.num_hidden_layers) * heads * dim * size * max(1, longest)
+    return int(max(1, min(max_rows, kv_budget // per_row)))
+
+
+def _layer_class() -> Any:
+    import torch
+    from transformers.cache_utils import DynamicLayer
+
+    class _Layer(DynamicLayer):  # type: ignore[no-untyped-call]  # untyped in transformers
+        """A ``DynamicLayer`` over a preallocated buffer: ``update`` writes in place."""
+
+        capacity = 0
+
+        def update(self, key_states: Any, value_states: Any, *args: Any,
+                   **kwargs: Any) -> tuple[Any, Any]:
+            if not self.is_initialized:
+                self.dtype, self.device = key_states.dtype, key_states.device
+                self.is_initialized = True
+                self.length = 0
+                shape = (*key_states.shape[:2], max(self.capacity, key_states.shape[-2]),
+                         key_states.shape[-1])
+                self.kbuf = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                self.vbuf = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            end = self.length + key_states.shape[-2]
+            if end > self.kbuf.shape[-2]:  # past the capacity planned: grow by half
+                self.resize(torch.arange(self.kbuf.shape[0]), 0, end + end // 2)
+            self.kbuf[:, :, self.length:end] = key_states
+            self.vbuf[:, :, self.length:end] = value_states
+            self.length = end
+            self.keys, self.values = self.kbuf[:, :, :end], self.vbuf[:, :, :end]
+            return self.keys, self.values
+
+        def resize(self, rows: Any, start: int, capacity: int, *, pad: int = 0) -> None:
+            """Keep ``rows`` and the columns from ``start``, ``pad`` empty columns before them,
+            in a buffer of ``capacity`` columns."""
+            kept = self.length - start
+            shape = (len(rows), self.kbuf.shape[1], max(capacity, pad + kept), self.kbuf.shape[3])
+            for name in ("kbuf", "vbuf"):
+                old = getattr(self, name)
+                new = torch.zeros(shape, dtype=old.dtype, device=old.device)
+                new[:, :, pad:pad + kept] = old[rows, :, start:self.length]
+                setattr(self, name, new)
+            self.length = pad + kept
+            self.keys, self.values = self.kbuf[:, :, :self.length], self.vbuf[:, :, :self.length]
+
+        def append_rows(self, other: Any, capacity: int) -> None:
+            """Add ``other``'s rows below these, both right-aligned on the longer length."""
+            length = max(self.length, other.length)
+            mine = torch.arange(self.kbuf.shape[0])
+            self.resize(mine, 0, capacity, pad=length - self.length)
+            for name in ("kbuf", "vbuf"):
+                below = torch.zeros((other.kbuf.shape[0], *getattr(self, name).shape[1:]),
+                                    dtype=self.dtype, device=self.device)
+                below[:, :, length - other.length:length] = getattr(other, name)[:, :, :other.length]
+                setattr(self, name, torch.cat([getattr(self, name), below]))
+            self.keys, self.values = self.kbuf[:, :, :length], self.vbuf[:, :, :length]
+
+    return _Layer
+
+
+class _Batch:
+    """The rows being decoded: their cache, attention mask, positions and tokens so far."""
+
+    def __init__(self, model: Any, layer: Any) -> None:
+        self.model, self.layer = model, layer
+        self.cache: Any = None
+        self.mask: Any = None      # [rows, cache length + 1]: the real tokens, then the next
+        self.position: Any = None  # [rows, 1]: the next token's position in its row
+        self.last: Any = None      # [rows, 1]: the token each row feeds next
+        self.rows: list[int] = []  # the request index of each row
+        self.done: list[bool] = []
+
+    def new_cache(self, capacity: int) -> Any:
+        from transformers.cache_utils import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        layers = [self.layer() for _ in cache.layers]
+        for layer in layers:
+            layer.capacity = capacity
+        cache.layers = layers
+        return cache
+
+    def prefill(self, prompts: list[list[int]], indices: list[int], pad: int,
+                capacity: int, keep: bool) -> Any:
+        """Run ``prompts`` (left-padded), join them to the batch; the last logits, float32."""
+        import torch
+
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        position = (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 1)
+        cache = self.new_cache(capacity if self.cache is None else width)
+        kwargs = {"logits_to_keep": 1} if keep else {}
+        out = self.model(input_ids=ids.to(self.model.device),
+                         attention_mask=mask.to(self.model.device),
+                         position_ids=position.to(self.model.device),
+                         past_key_values=cache, use_cache=True, **kwargs)
+        logits = out.logits[:, -1, :].float()
+        last = mask.sum(-1, keepdim=True)
+        if self.cache is None:
+            self.cache, self.mask, self.position = cache, mask, last
+        else:
+            grown = max(self.mask.shape[1], width)
+            for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
+                mine.append_rows(theirs, max(capacity, mine.kbuf.shape[-2]))
+            self.mask = torch.cat([_pad_left(self.mask, grown), _pad_left(mask, grown)])
+            self.position = torch.cat([self.position, last])
+        self.rows += indices
+        self.done += [False] * len(indices)
+        return logits
+
+    def compact(self) -> None:
+        """Drop the rows that ended, and the columns only padding fills any more."""
+        import torch
+
+        keep = [i for i, done in enumerate(self.done) if not done]
+        if not keep:
+            self.cache = self.mask = self.position = self.last = None
+            self.rows, self.done = [], []
+            return
+        index = torch.tensor(keep)
+        mask = self.mask[index]
+        start = int((mask.sum(0) > 0).nonzero()[0, 0]) if mask.shape[1] else 0
+        for layer in self.cache.layers:
+            layer.resize(index, start, layer.kbuf.shape[-2] - start)
+        self.mask, self.position = mask[:, start:], self.position[index]
+        self.last = self.last[index]
+        self.rows = [self.rows[i] for i in keep]
+        self.done = [False] * len(keep)
+
+    def step(self) -> Any:
+        """One token for every row: the next logits, float32."""
+        import torch
+
+        self.mask = torch.cat([self.mask, torch.ones((self.mask.shape[0], 1),
+                                                     dtype=self.mask.dtype)], dim=1)
+        device = self.model.device
+        out = self.model(input_ids=self.last.to(device), attention_mask=self.mask.to(device),
+                         position_ids=self.position.to(device), past_key_values=self.cache,
+                         use_cache=True)
+        self.position = self.position + 1
+        return out.logits[:, -1, :].float()
+
+
+def _pad_left(mask: Any, width: int) -> Any:
+    import torch
+
+    if mask.shape[1] == width:
+        return mask
+    return torch.cat([torch.zeros((mask.shape[0], width - mask.shape[1]), dtype=mask.dtype),
+                      mask], dim=1)
+
+
+class _Chooser:
+    """Picks each row's next token from its logits: argmax, or a draw as ``generate``
+    samples (temperature, then top-k, then top-p), all sampled rows at once: a row's
+    top-k (or, without one, its whole vocabulary) sorted once, top-p cut within it."""
+
+    def __init__(self, options: list[RowOptions]) -> None:
+        import torch
+
+        self.options = options
+        self.generators = {
+            i: torch.Generator().manual_seed(o.seed) for i, o in enumerate(options)
+            if o.do_sample and o.seed is not None}
+
+    def pick(self, logits: Any, rows: list[int], counts: list[int]) -> list[int]:
+        options = [self.options[r] for r in rows]
+        for at, (option, count) in enumerate(zip(options, counts, strict=True)):
+            if option.eos and count < option.min_new_tokens:
+                logits[at, list(option.eos)] = float("-inf")
+        tokens: list[int] = logits.argmax(-1).tolist()
+        sampled = [at for at, option in enumerate(options) if option.do_sample]
+        if sampled:
+            drawn = self._draw(logits[sampled], [options[at] for at in sampled],
+                               [self.generators.get(rows[at]) for at in sampled])
+            for at, token in zip(sampled, drawn, strict=True):
+                tokens[at] = token
+        return tokens
+
+    @staticmethod
+    def _draw(scores: Any, options: list[RowOptions], generators: list[Any]) -> list[int]:
+        import torch
+
+        vocab = scores.shape[-1]
+        temperature = torch.tensor([max(o.temperature, 1e-6) for o in options])
+        ks = [o.top_k if 0 < o.top_k < vocab else vocab for o in options]
+        values, order = torch.topk(scores / temperature.unsqueeze(-1), max(ks))  # sorted
+        rank = torch.arange(values.shape[-1]).unsqueeze(0)
+        values = values.masked_fill(rank >= torch.tensor(ks).unsqueeze(-1), float("-inf"))
+        top_p = torch.tensor([o.top_p for o in options]).unsqueeze(-1)
+        probs = values.softmax(-1)
+        before = probs.cumsum(-1) - probs  # the mass of the better tokens: keeps at least one
+        probs = probs.masked_fill(before >= top_p, 0.0)
+        picks = []
+        for row, generator in enumerate(generators):
+            picks.append(int(order[row, torch.multinomial(probs[row], 1, generator=generator)]))
+        return picks
+
+
+def decode(model: Any, prompts: list[list[int]], options: list[RowOptions], *,
+           pad_token_id: int, max_rows: int | None = None) -> list[list[int]]:
+    """The new tokens of every prompt (each row's end-of-sequence included, as ``generate``
+    returns it, padding removed). ``max_rows``: rows decoded together (``rows_for``)."""
+    import torch
+
+    if len(options) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(options)} row options")
+    outputs: list[list[int]] = [[] for _ in prompts]
+    waiting = sorted((i for i in range(len(prompts)) if options[i].max_new_tokens > 0),
+                     key=lambda i: -len(prompts[i]))
+    if not waiting:
+        return outputs
+    longest = max(len(p) + o.max_new_tokens for p, o in zip(prompts, options, strict=True))
+    rows = max_rows or rows_for(model, longest)
+    keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+    batch = _Batch(model, _layer_class())
+    chooser = _Chooser(options)
+    with torch.inference_mode():
+        while waiting or batch.rows:
+            free = rows - (len(batch.rows) - sum(batch.done))
+            if waiting and (not batch.rows or free >= max(1, rows // 4)):
+                if any(batch.done):
+                    batch.compact()
+                group, waiting = waiting[:free], waiting[free:]
+                present = batch.rows + group
+                capacity = max(len(prompts[i]) + options[i].max_new_tokens - len(outputs[i])
+                               for i in present) + (batch.mask.shape[1] if batch.rows else 0)
+                logits = batch.prefill([prompts[i] for i in group], group, pad_token_id,
+                                       capacity, keep)
+                tokens = chooser.pick(logits, group, [0] * len(group))
+                last = torch.tensor(tokens).unsqueeze(-1)
+                batch.last = last if batch.last is None else torch.cat([batch.last, last])
+                _record(batch, outputs, options, tokens, offset=len(batch.rows) - len(group))
+            else:
+                if sum(batch.done) * 8 >= len(batch.rows):
+                    batch.compact()
+                    if not batch.rows:
+                        continue
+                logits = batch.step()
+                counts = [len(outputs[r]) for r in batch.rows]
+                tokens = chooser.pick(logits, batch.rows, counts)
+                batch.last = torch.tensor(tokens).unsqueeze(-1)
+                _record(batch, outputs, options, tokens, offset=0)
+    return outputs
+
+
+def _record(batch: _Batch, outputs: list[list[int]], options: list[RowOptions],
+            tokens: list[int], offset: int) -> None:
+    """Append each live row's token; mark the rows that ended."""
+    for at, token in enumerate(tokens, start=offset):
+        if batch.done[at]:
+            continue
+        row = batch.rows[at]
+        outputs[row].append(token)
+        option = options[row]
+        if token in option.eos or len(outputs[row]) >= option.max_new_tokens:
+            batch.done[at] = True
+
+
+def probe(model: Any, pad: int) -> str | None:
+    """``None`` when the loop gives ``generate``'s greedy tokens on this model (rows that
+    leave and rows that join included); otherwise why not."""
+    why = supports(model)
+    if why is not None:
+        return why
+    import torch
+
+    vocab = int(getattr(model.config.get_text_config(), "vocab_size", 0) or 0)
+    if vocab < 8:
+        return "the model has no usable vocab_size"
+    prompts = [[(3 + 5 * i) % vocab for i in range(7)], [(4 + 3 * i) % vocab for i in range(3)],
+               [(5 + 7 * i) % vocab for i in range(5)]]
+    lengths = (6, 3, 5)
+    eos = _ids(model.generation_config.eos_token_id)
+    try:  # every row exactly its length long: end-of-sequence masked, as generate masks it
+        got = decode(model, prompts, [RowOptions(n, eos, n) for n in lengths], pad_token_id=pad,
+                     max_rows=2)
+        for prompt, new, row in zip(prompts, lengths, got, strict=True):
+            with torch.inference_mode():
+                out = model.generate(input_ids=torch.tensor([prompt], device=model.device),
+                                     do_sample=False, max_new_tokens=new, min_new_tokens=new,
+                                     pad_token_id=pad)
+            if out[0, len(prompt):].tolist() != row:
+                return "the decode loop gave other greedy tokens than generate"
+    except Exception as exc:  # noqa: BLE001 - any failure means: not for this model
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return None
+
+
+def choose(model: Any, requested: str, device: str, pad: int | None) -> tuple[str, str] | None:
+    """``("decode", why)`` when a worker generates with this loop; ``None``: the other paths
+    decide (``generation.choose_path``). ``auto`` takes it on CPU, where it was measured
+    (``benchmarks/bench_generation.py``); ``decode`` asks for it anywhere it works."""
+    if requested not in ("auto", "decode") or (requested == "auto" and
+                                                not device.startswith("cpu")):
+        return None
+    failure = probe(model, 0 if pad is None else pad)
+    if failure is None:
+        return "decode", "a greedy probe of the decode loop matched generate token for token"
+    if requested == "decode":
+        return "batched", f"the decode loop does not work for this model: {failure}"
+    return None
+
+
+def generate(model: Any, tokenizer: Any, texts: list[str],
+             options: dict[str, Any]) -> list[str] | None:
+    """A worker's ``generate`` by the loop: texts out, or ``None`` when an option is one the
+    loop does not do (the caller then runs ``generate``)."""
+    rows = row_options(options, model.generation_config)
+    if rows is None:
+        return None
+    ids = [list(row) for row in tokenizer(texts, add_special_tokens=True)["input_ids"]]
+    pad = options.get("pad_token_id", tokenizer.pad_token_id)
+    out = decode(model, ids, [rows] * len(ids), pad_token_id=0 if pad is None else int(pad))
+    return [str(tokenizer.decode(row, skip_special_tokens=True)) for row in out]

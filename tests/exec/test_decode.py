@@ -1,0 +1,148 @@
+"""The decode loop (``_exec/decode.py``) gives ``generate``'s greedy tokens, row by row.
+
+Rows leave the batch when they end and waiting prompts are prefilled and merged in
+(``max_rows`` small forces both); each row keeps its own options. The pure loop runs in
+this process on a tiny random Llama; one test runs it in real workers through
+``codeferry.Executor``, whose default takes it on CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import codeferry
+from codeferry._exec.decode import RowOptions, decode, probe, row_options, rows_for, supports
+
+EOS = 108  # a token this model's greedy outputs reach, at different positions
+
+
+def tiny_llama(**extra: Any) -> Any:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=120, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
+                         eos_token_id=EOS, **extra)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)  # peaked: greedy paths that vary and reach EOS
+    return model
+
+
+@pytest.fixture(scope="module")
+def model() -> Any:
+    return tiny_llama()
+
+
+def prompts(n: int, seed: int = 1) -> list[list[int]]:
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, 14, (n,), generator=g).tolist()
+    return [torch.randint(8, 120, (k,), generator=g).tolist() for k in lengths]
+
+
+def generated(model: Any, prompt: list[int], option: RowOptions) -> list[int]:
+    """``generate`` on the prompt alone: the reference."""
+    import torch
+
+    with torch.inference_mode():
+        out = model.generate(input_ids=torch.tensor([prompt]), do_sample=False,
+                             max_new_tokens=option.max_new_tokens,
+                             min_new_tokens=option.min_new_tokens or None,
+                             eos_token_id=list(option.eos) or None, pad_token_id=0)
+    row: list[int] = out[0, len(prompt):].tolist()
+    ends = [at for at, token in enumerate(row) if token in option.eos]
+    return row[:ends[0] + 1] if ends else row
+
+
+@pytest.mark.parametrize("max_rows", [1, 3, 64])
+def test_greedy_rows_equal_generate_while_rows_leave_and_join(model: Any, max_rows: int) -> None:
+    batch = prompts(10)
+    options = [RowOptions(max_new_tokens=4 + 3 * i, eos=(EOS, 70) if i % 3 != 1 else (),
+                          min_new_tokens=2 if i == 4 else 0) for i in range(len(batch))]
+    got = decode(model, batch, options, pad_token_id=0, max_rows=max_rows)
+    expected = [generated(model, p, o) for p, o in zip(batch, options, strict=True)]
+    assert got == expected
+    assert any(row[-1] in (EOS, 70) and len(row) < o.max_new_tokens
+               for row, o in zip(got, options, strict=True))  # some rows ended early
+    assert len({len(row) for row in got}) > 3  # and at different lengths
+
+
+def test_min_new_tokens_masks_end_of_sequence(model: Any) -> None:
+    batch = prompts(6, seed=3)
+    options = [RowOptions(12, (EOS,), min_new_tokens=12) for _ in batch]
+    got = decode(model, batch, options, pad_token_id=0, max_rows=4)
+    assert [len(row) for row in got] == [12] * len(batch)
+    assert all(EOS not in row for row in got)
+    assert got == [generated(model, p, o) for p, o in zip(batch, options, strict=True)]
+
+
+def test_sampling_follows_each_rows_seed(model: Any) -> None:
+    batch = prompts(6, seed=5)
+    sampled = [RowOptions(10, do_sample=True, temperature=2.0, top_p=0.9, seed=i)
+               for i in range(len(batch))]
+    first = decode(model, batch, sampled, pad_token_id=0, max_rows=4)
+    assert decode(model, batch, sampled, pad_token_id=0, max_rows=4) == first
+    greedy = decode(model, batch, [RowOptions(10) for _ in batch], pad_token_id=0)
+    assert first != greedy  # it samples
+    top1 = [RowOptions(10, do_sample=True, top_k=1, seed=i) for i in range(len(batch))]
+    assert decode(model, batch, top1, pad_token_id=0, max_rows=4) == greedy
+
+
+def test_row_options_from_generate_options_and_the_models_defaults(model: Any) -> None:
+    config = model.generation_config
+    assert row_options({"max_new_tokens": 5}, config) == RowOptions(5, (EOS,))
+    assert row_options({"max_new_tokens": 5, "do_sample": True, "top_k": 3, "seed": 9},
+                       config) == RowOptions(5, (EOS,), do_sample=True, top_k=3, seed=9)
+    assert row_options({"num_beams": 2}, config) is None  # generate does what it does not
+
+
+def test_a_sliding_window_model_is_refused_with_the_reason() -> None:
+    from transformers import MistralConfig, MistralForCausalLM
+
+    mistral = MistralForCausalLM(MistralConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, sliding_window=4))
+    why = supports(mistral)
+    assert why is not None and "sliding" in why
+    assert probe(mistral, 0) == why
+
+
+def test_rows_are_bounded_by_the_kv_budget(model: Any) -> None:
+    per_row = 2 * 2 * 2 * 16 * 4 * 100  # layers, K and V, kv heads, head dim, fp32, positions
+    assert rows_for(model, 100, kv_budget=per_row * 5) == 5
+    assert rows_for(model, 100, kv_budget=1) == 1
+    assert rows_for(model, 100) == 64
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver", "fork"])
+def test_executor_defaults_decode_in_workers_with_generates_tokens(
+        tmp_path_factory: pytest.TempPathFactory, start_method: str) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    path = tmp_path_factory.mktemp("decode") / "llama"
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2} | {f"w{i}": i + 3 for i in range(117)}
+    inner = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    inner.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=inner, eos_token="w105", pad_token="w105")
+    model = tiny_llama()
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    texts = [" ".join(f"w{(i * 7 + j) % 100 + 8}" for j in range(2 + i % 9)) for i in range(12)]
+    with codeferry.Executor(path, workers=1, start_method=start_method,
+                            preload=("generate",)) as ex:
+        assert ex.worker_info[0]["generate_path"] == "decode", ex.worker_info[0]
+        got = ex.generate(texts, max_new_tokens=24)
+    expected = []
+    for text in texts:
+        ids = tokenizer(text)["input_ids"]
+        row = generated(model, ids, RowOptions(24, (EOS,)))
+        expected.append(tokenizer.decode(row, skip_special_tokens=True))
+    assert got == expected
+    assert len({len(t.split()) for t in got}) > 2  # outputs end at different lengths
