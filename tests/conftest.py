@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 # The session's environment: offline, and every cache in a fresh temporary folder. Set
 # before anything imports transformers (it reads HF_MODULES_CACHE once, at import);
@@ -75,6 +76,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 #: engine at a time on the machine). The longest files start first, so that the workers
 #: finish together.
 _SHARED_SCOPE = {"exec/test_ray_cluster.py": "ray", "exec/test_ray.py": "ray",
+                 "contexts/test_ray.py": "ray",  # the session's one 2-node cluster
                  # one vLLM engine at a time: two on a small machine starve each other
                  "vllm/test_vllm.py": "vllm", "vllm/test_run_batch.py": "vllm"}
 _LONGEST_FIRST = ("exec/test_ray_cluster.py", "exec/test_ray.py", "vllm/test_vllm.py",
@@ -162,6 +164,21 @@ def offline_hub(monkeypatch: pytest.MonkeyPatch, factory_hub_cache: Path) -> Non
 def no_progress_bars(monkeypatch: pytest.MonkeyPatch) -> None:
     """huggingface_hub's progress bars off (they would land in the captured stderr)."""
     monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The session's real 2-node Ray cluster (``_raycluster``: network namespaces, node 2
+    blind to the test's files), started by the first test that asks for it; needs root (the
+    tests that use it skip with the reason elsewhere)."""
+    import _raycluster
+
+    cluster = _raycluster.Cluster(tmp_path_factory.mktemp("raycluster"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture(scope="module")

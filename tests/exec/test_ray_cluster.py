@@ -26,16 +26,13 @@ pytestmark = pytest.mark.skipif(_raycluster.missing() is not None,
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_raycluster.Cluster]:
-    root = tmp_path_factory.mktemp("raycluster")
-    (root / "scratch").mkdir()
-    os.environ["CF_SCRATCH"] = str(root / "scratch")
-    cluster = _raycluster.Cluster(root)
+def cluster(ray_cluster: _raycluster.Cluster) -> Iterator[_raycluster.Cluster]:
+    scratch = ray_cluster.root / "scratch"
+    scratch.mkdir(exist_ok=True)
+    os.environ["CF_SCRATCH"] = str(scratch)
     try:
-        cluster.start()
-        yield cluster
+        yield ray_cluster
     finally:
-        cluster.stop()
         os.environ.pop("CF_SCRATCH", None)
 
 
