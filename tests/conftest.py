@@ -78,9 +78,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 _SHARED_SCOPE = {"exec/test_ray_cluster.py": "ray", "exec/test_ray.py": "ray",
                  "contexts/test_ray.py": "ray",  # the session's one 2-node cluster
                  # one vLLM engine at a time: two on a small machine starve each other
-                 "vllm/test_vllm.py": "vllm", "vllm/test_run_batch.py": "vllm"}
+                 "vllm/test_vllm.py": "vllm", "vllm/test_vllm_run_batch.py": "vllm"}
 _LONGEST_FIRST = ("exec/test_ray_cluster.py", "exec/test_ray.py", "vllm/test_vllm.py",
-                  "vllm/test_run_batch.py", "contexts/test_datasets.py",
+                  "vllm/test_vllm_run_batch.py", "contexts/test_datasets.py",
                   "contexts/test_pools.py", "contexts/test_torchrun.py",
                   "contexts/test_accelerate.py",
                   "commands/test_doctor.py", "load/test_doors.py", "exec/test_worker_stdout.py",

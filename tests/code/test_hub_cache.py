@@ -123,7 +123,9 @@ def test_codeferry_run_every_form(form: str, method: str, forms: dict[str, str],
             "--max-new-tokens", "3"]
     assert cli.main(argv) == 0, capsys.readouterr().err
     rows = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines()]
-    assert rows == [{"id": i, "output": text} for i, text in enumerate(expected, 1)]
+    assert [{"id": r["id"], "output": r["output"]} for r in rows] == [
+        {"id": i, "output": text} for i, text in enumerate(expected, 1)]
+    assert all(r["finish_reason"] in ("stop", "length") and r["completion_tokens"] >= 1 for r in rows)
     record = json.loads(record_path(output).read_text(encoding="utf-8"))
     snapshot = Path(forms["snapshot"])
     assert record["model"] == (forms["local"] if form == "local" else f"{REPO}@{snapshot.name}")
