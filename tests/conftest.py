@@ -76,7 +76,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 #: engine at a time on the machine). The longest files start first, so that the workers
 #: finish together.
 _SHARED_SCOPE = {"exec/test_ray_cluster.py": "ray", "exec/test_ray.py": "ray",
-                 "contexts/test_ray.py": "ray",  # the session's one 2-node cluster
+                 "contexts/test_ray_contexts.py": "ray",  # the session's one 2-node cluster
                  # one vLLM engine at a time: two on a small machine starve each other
                  "vllm/test_vllm.py": "vllm", "vllm/test_vllm_run_batch.py": "vllm"}
 _LONGEST_FIRST = ("exec/test_ray_cluster.py", "exec/test_ray.py", "vllm/test_vllm.py",

@@ -139,3 +139,12 @@ def test_an_uninstalled_source_tree_reads_its_pyproject(tmp_path: Path) -> None:
     assert _version.from_pyproject(tmp_path / "absent.toml") is None
     (tree / "pyproject.toml").write_text('[tool.other]\nversion = "1.0"\n')
     assert _version.from_pyproject(tree / "pyproject.toml") is None
+
+
+def test_test_files_have_unique_names() -> None:
+    """The test folders are not packages: pytest imports each file by its base name, so two
+    ``test_x.py`` in different folders collide ("import file mismatch") and one never runs."""
+    seen: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
