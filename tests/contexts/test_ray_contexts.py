@@ -90,6 +90,7 @@ def check_codeferry(report: dict[str, Any], switch: str | None, door: str) -> No
                                "node": [_raycluster.NODE2_IP]}, (layout, got["data"])
 
 
+@pytest.mark.alone
 def test_ray_tasks_actors_data_and_the_rl_pattern_on_node2_in_every_mode(
     ray_cluster: _raycluster.Cluster, tmp_path: Path, context_layouts: Path,
     context_hub_cache: Path
