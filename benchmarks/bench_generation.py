@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import sys
 import tempfile
@@ -63,6 +62,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 import bench_executor as be  # noqa: E402 - stdlib only at import
+from bench_vs_vllm import skewed_prompts  # noqa: E402 - stdlib only at import
 
 HEAD_SCALE = 8.0
 MAX_EOS = 8
@@ -82,19 +82,9 @@ def _peak(worker: Any = None) -> int:
     return 0
 
 
-def _cpu_seconds(worker: Any) -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return float(usage.ru_utime + usage.ru_stime)
-
-
 def user_texts(n: int) -> list[str]:
-    """``n`` user messages of 3 to 48 words, most short (3 + 45 u^3)."""
-    out = []
-    for i in range(n):
-        u = (i * 37) % n / max(1, n - 1)
-        words = 3 + int(45 * u ** 3)
-        out.append(" ".join(be.WORDS[(i * 7 + j) % len(be.WORDS)] for j in range(words)))
-    return out
+    """``n`` user messages of 3 to 48 words, most short: ``bench_vs_vllm``'s skewed prompts."""
+    return skewed_prompts(n, stride=7)
 
 
 def make_model(root: Path, size: str, prompts_user: list[str], new: int) -> tuple[Path, dict[str, Any]]:

@@ -54,13 +54,14 @@ def _cpu_seconds(worker: Any) -> float:
     return float(usage.ru_utime + usage.ru_stime)
 
 
-def skewed_prompts(n: int) -> list[str]:
-    """``n`` prompts of 3 to 48 words, most short (length 3 + 45 u^3, u spread over [0, 1])."""
+def skewed_prompts(n: int, stride: int = 1) -> list[str]:
+    """``n`` prompts of 3 to 48 words, most short (length 3 + 45 u^3, u spread over [0, 1]);
+    prompt ``i`` starts at word ``i * stride`` of the word list."""
     out = []
     for i in range(n):
         u = (i * 37) % n / max(1, n - 1)
         words = 3 + int(45 * u ** 3)
-        out.append(" ".join(be.WORDS[(i + j) % len(be.WORDS)] for j in range(words)))
+        out.append(" ".join(be.WORDS[(i * stride + j) % len(be.WORDS)] for j in range(words)))
     return out
 
 
