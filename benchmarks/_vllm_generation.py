@@ -1,14 +1,21 @@
-"""Runs inside a vLLM environment for ``bench_generation.py``: one engine, every workload.
+"""Runs inside a vLLM environment for ``bench_generation.py``: one engine, served call by call.
 
-``python _vllm_generation.py SPEC.json OUT.json``. SPEC: ``model``, ``model_impl``
-(``auto`` or ``transformers``), ``max_model_len``, ``reps`` and ``workloads``, each with
-``name``, ``prompts`` and ``params`` (``SamplingParams`` keywords; a ``seed`` is made
-per prompt, ``seed + index``). Starts ``LLM`` once (fp32, its defaults otherwise), then per
-workload one warm-up ``generate`` of every prompt and ``reps`` timed calls. Writes start-up
-seconds, per workload the call times, texts and token counts of the last call, and the peak
-resident memory (VmHWM) of this process and of every process it started. ``LLM.generate``
-hands back nothing before all prompts are done: its time to first output is the call's.
-Standard library only at import.
+``python _vllm_generation.py SPEC.json``. SPEC: ``model``, ``model_impl`` (``auto`` or
+``transformers``), ``dtype``, ``max_model_len``, ``address`` and ``authkey`` (hex) of the
+benchmark's ``multiprocessing.connection.Listener``. Starts ``LLM`` once, connects, and
+sends ``{"startup_s": ...}`` (or ``{"error": ...}``); then answers each message:
+
+- ``{"prompts": [...], "params": {...}}``: one ``LLM.generate`` of every prompt
+  (``SamplingParams`` keywords; a ``seed`` is made per prompt, ``seed + index``); the reply
+  has ``time``, ``texts`` and ``tokens`` (generated token ids per output);
+- ``{"peak": true}``: the peak resident memory (VmHWM) of this process and of every process
+  it started, by pid;
+- ``{"stop": true}``: leaves at once (``os._exit``; the benchmark ends the process group).
+
+Why a served engine and not one run of every workload: the machine is shared, so the
+benchmark interleaves vLLM's calls with codeferry's (each rep runs every way once), and a
+ratio compares calls made under the same load. ``LLM.generate`` hands back nothing before
+all prompts are done: its time to first output is the call's. Standard library only at import.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import json
 import os
 import sys
 import time
+from multiprocessing.connection import Client
 from pathlib import Path
 from typing import Any
 
@@ -49,35 +57,41 @@ def _peak_rss() -> dict[str, int]:
     return peaks
 
 
+def _generate(llm: Any, sampling: Any, message: dict[str, Any]) -> dict[str, Any]:
+    prompts, params = message["prompts"], dict(message["params"])
+    seed = params.pop("seed", None)
+    every = [sampling(**params, seed=None if seed is None else seed + i)
+             for i in range(len(prompts))]
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, every, use_tqdm=False)
+    return {"time": time.perf_counter() - start,
+            "texts": [o.outputs[0].text for o in outputs],
+            "tokens": [len(o.outputs[0].token_ids) for o in outputs]}
+
+
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
-    out = Path(sys.argv[2])
-    result: dict[str, Any] = {"workloads": {}}
     started = time.perf_counter()
+    conn = Client(tuple(spec["address"]), authkey=bytes.fromhex(spec["authkey"]))
     try:
         from vllm import LLM, SamplingParams
 
-        llm = LLM(model=spec["model"], dtype="float32", max_model_len=spec["max_model_len"],
+        llm = LLM(model=spec["model"], dtype=spec["dtype"], max_model_len=spec["max_model_len"],
                   seed=0, model_impl=spec["model_impl"])
-        result["startup_s"] = time.perf_counter() - started
-        for work in spec["workloads"]:
-            prompts, params = work["prompts"], dict(work["params"])
-            seed = params.pop("seed", None)
-            every = [SamplingParams(**params, seed=None if seed is None else seed + i)
-                     for i in range(len(prompts))]
-            llm.generate(prompts, every, use_tqdm=False)  # warm-up
-            times = []
-            for _ in range(spec["reps"]):
-                start = time.perf_counter()
-                outputs = llm.generate(prompts, every, use_tqdm=False)
-                times.append(time.perf_counter() - start)
-            result["workloads"][work["name"]] = {
-                "times": times, "texts": [o.outputs[0].text for o in outputs],
-                "tokens": [len(o.outputs[0].token_ids) for o in outputs]}
-        result["peak_rss"] = _peak_rss()
     except Exception as exc:
-        result["error"] = f"{type(exc).__name__}: {exc}"
-    out.write_text(json.dumps(result))
+        conn.send({"error": f"{type(exc).__name__}: {exc}"})
+        os._exit(1)
+    conn.send({"startup_s": time.perf_counter() - started})
+    while True:
+        message = conn.recv()
+        if message.get("stop"):
+            break
+        try:
+            reply = ({"peak_rss": _peak_rss()} if message.get("peak")
+                     else _generate(llm, SamplingParams, message))
+        except Exception as exc:
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        conn.send(reply)
     sys.stdout.flush()
     os._exit(0)  # vLLM's shutdown of its processes is not what is measured
 

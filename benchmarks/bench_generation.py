@@ -1,7 +1,8 @@
 """Generation that looks like a real batch job: codeferry's ways against vLLM CPU, one run.
 
 The model: a random-weight Llama (``--size``: ``70m`` is hidden 512, 12 layers, 8 heads,
-fp32, 70M parameters; ``200m`` hidden 1024, 12 layers, 16 heads, 215M) over a word-level
+70M parameters; ``200m`` hidden 1024, 12 layers, 16 heads, 215M; saved in ``--dtype``,
+float32 or bfloat16, the dtype real checkpoints of this size ship in) over a word-level
 tokenizer of 32,000 words (``tokenizers``' ``WordLevel``: one token a word, so a text's
 token count is its word count, the same for every way) with a chat template
 (``<|user|> ... <|end|> <|assistant|>``). Its output head is scaled (x``HEAD_SCALE``) so
@@ -28,12 +29,15 @@ short):
 - ``forced16``: ``bench_vs_vllm.py``'s old workload on this model: 16 new tokens, greedy,
   every output exactly 16 (``min_new_tokens``; ``min_tokens`` and ``ignore_eos`` for vLLM).
 
-Ways: vLLM CPU (``LLM`` defaults, ``VLLM_CPU_KVCACHE_SPACE=1``), vLLM's Transformers backend
-(``model_impl="transformers"``), both in ``--vllm-python`` (``_vllm_generation.py``, one
-engine for all workloads, run first and alone); ``codeferry.Executor`` at its defaults and
+Ways: vLLM CPU (``LLM`` defaults but the dtype: it is given the model's, where its own
+default would run a float32 model in bfloat16; ``VLLM_CPU_KVCACHE_SPACE=1``), vLLM's
+Transformers backend (``model_impl="transformers"``), both in ``--vllm-python``
+(``_vllm_generation.py``: one served engine each, started alone so that its start-up is
+timed alone, then kept for every workload); ``codeferry.Executor`` at its defaults and
 other settings; a plain transformers loop (``generate`` on batches of 8 in input order, 2
-threads). Every way: a warm-up call, then ``--reps`` timed calls (medians); the codeferry
-ways and the plain loop interleaved. "tok/s": generated tokens (end-of-sequence included)
+threads). Every way: a warm-up call, then ``--reps`` rounds in which every way makes one
+timed call (medians): all ways, vLLM's included, are interleaved, so a ratio compares calls
+made under the same load. "tok/s": generated tokens (end-of-sequence included)
 per second; "first s": time to the first output within a timed call (``generate_iter``'s
 first outcome; the plain loop's first batch; vLLM's ``LLM.generate`` hands back nothing
 before the call ends); "peak RSS": the largest VmHWM among the way's processes, and their count. Greedy
@@ -56,7 +60,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -87,7 +91,8 @@ def user_texts(n: int) -> list[str]:
     return skewed_prompts(n, stride=7)
 
 
-def make_model(root: Path, size: str, prompts_user: list[str], new: int) -> tuple[Path, dict[str, Any]]:
+def make_model(root: Path, size: str, prompts_user: list[str], new: int,
+               dtype: str = "float32") -> tuple[Path, dict[str, Any]]:
     """The model folder, and how its end-of-sequence was chosen."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -112,6 +117,7 @@ def make_model(root: Path, size: str, prompts_user: list[str], new: int) -> tupl
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(HEAD_SCALE)
+    model = model.to(getattr(torch, dtype))  # saved so: every way reads this dtype
     prompts = chat(tokenizer, prompts_user)
     ids = [tokenizer(p)["input_ids"] for p in prompts]
     torch.set_num_threads(os.cpu_count() or 1)
@@ -181,6 +187,8 @@ class Way:
     firsts: list[float] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     close: Callable[[], None] = lambda: None
+    #: The warm-up call, when it is not ``call`` (the plain loop warms up on one batch).
+    warm: Callable[[], tuple[list[str], float]] | None = None
     note: str = ""
     peaks: list[int] = field(default_factory=list)
 
@@ -230,33 +238,84 @@ def plain_way(path: str, prompts: list[str], options: dict[str, Any]) -> Way:
             first = first or time.perf_counter() - begin
         return texts, first
 
-    return Way("plain transformers loop (generate, batches of 8, 2 threads)", run, None)
+    def warm() -> tuple[list[str], float]:
+        return batch(prompts[:be.BATCH]), 0.0
+
+    return Way("plain transformers loop (generate, batches of 8, 2 threads)", run, None, warm=warm)
 
 
-def vllm_ways(python: str, path: str, workloads: list[tuple[str, list[str], dict[str, Any]]],
-              reps: int, root: Path) -> dict[str, Any]:
-    import _vllm_child  # tests/: run_in_group, shared with bench_vllm.py
+class VllmEngine:
+    """One served vLLM engine (``_vllm_generation.py``) in ``--vllm-python``, in its own
+    process group: started alone (its start-up is timed with nothing else running), then
+    called between codeferry's calls, so every rep runs every way under the same load."""
 
-    results = {}
-    for impl in ("auto", "transformers"):
-        spec = {"model": path, "model_impl": impl, "max_model_len": 1024, "reps": reps,
-                "workloads": [{"name": n, "prompts": p, "params": v} for n, p, v in workloads]}
+    LABELS: ClassVar[dict[str, str]] = {
+        "auto": "vLLM CPU (LLM defaults)", "transformers": 'vLLM CPU, model_impl="transformers"'}
+
+    def __init__(self, python: str, path: str, impl: str, dtype: str, root: Path) -> None:
+        import secrets
+        import subprocess
+        from multiprocessing.connection import Listener
+
+        self.impl, self.root, self.error = impl, root, ""
+        key = secrets.token_bytes(16)
+        listener = Listener(("127.0.0.1", 0), authkey=key)
+        spec = {"model": path, "model_impl": impl, "dtype": dtype, "max_model_len": 1024,
+                "address": list(listener.address), "authkey": key.hex()}
         (root / f"vllm-{impl}.json").write_text(json.dumps(spec))
-        out = root / f"vllm-{impl}-out.json"
         env = {k: v for k, v in os.environ.items() if not k.startswith("CODEFERRY_")}
         env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
                    VLLM_WORKER_MULTIPROC_METHOD="spawn", CODEFERRY_VLLM_PLUGIN="0",
                    VLLM_CACHE_ROOT=str(root / "vllm-cache"))
-        with open(root / f"vllm-{impl}.log", "wb") as log:
-            _vllm_child.run_in_group([python, str(HERE / "_vllm_generation.py"),
-                                      str(root / f"vllm-{impl}.json"), str(out)],
-                                     env=env, stdout=log, timeout=3600)
-        result = json.loads(out.read_text()) if out.exists() else {"error": "no result"}
-        if "error" in result:
-            tail = (root / f"vllm-{impl}.log").read_text(errors="replace")[-1500:]
-            print(f"vLLM ({impl}) failed: {result['error'][:300]}\n{tail}")
-        results[impl] = result
-    return results
+        self.log = root / f"vllm-{impl}.log"
+        with open(self.log, "wb") as log:
+            self.child = subprocess.Popen(
+                [python, str(HERE / "_vllm_generation.py"), str(root / f"vllm-{impl}.json")],
+                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.conn = listener.accept()
+        listener.close()
+        hello = self.conn.recv() if self.conn.poll(3600) else {"error": "no answer in an hour"}
+        self.startup_s = hello.get("startup_s")
+        if "error" in hello:
+            self.fail(hello["error"])
+
+    def fail(self, error: str) -> None:
+        self.error = error
+        tail = self.log.read_text(errors="replace")[-1500:]
+        print(f"vLLM ({self.impl}) failed: {error[:300]}\n{tail}")
+
+    def way(self, prompts: list[str], params: dict[str, Any]) -> Way | None:
+        if self.error:
+            return None
+
+        def call() -> tuple[list[str], float]:
+            begin = time.perf_counter()
+            self.conn.send({"prompts": prompts, "params": params})
+            reply = self.conn.recv()
+            if "error" in reply:
+                raise RuntimeError(f"vLLM ({self.impl}): {reply['error']}")
+            elapsed = time.perf_counter() - begin
+            return reply["texts"], elapsed  # nothing comes back before the call ends
+
+        def peak() -> list[int]:
+            self.conn.send({"peak": True})
+            return list(self.conn.recv()["peak_rss"].values())
+
+        return Way(self.LABELS[self.impl], call, self.startup_s, peak=peak,
+                   note="one engine, every prompt in one generate call")
+
+    def close(self) -> None:
+        import signal
+
+        try:
+            self.conn.send({"stop": True})
+        except OSError:
+            pass
+        try:
+            os.killpg(self.child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.child.wait()
 
 
 def vllm_params(options: dict[str, Any], eos: list[int]) -> dict[str, Any]:
@@ -270,8 +329,9 @@ def vllm_params(options: dict[str, Any], eos: list[int]) -> dict[str, Any]:
 
 
 def run_ways(ways: list[Way], reps: int) -> None:
+    """A warm-up call of every way, then ``reps`` rounds of one call of every way each."""
     for way in ways:
-        way.texts = way.call()[0]  # warm-up
+        way.texts = (way.warm or way.call)()[0]
     for _ in range(reps):
         for way in ways:
             start = time.perf_counter()
@@ -282,40 +342,29 @@ def run_ways(ways: list[Way], reps: int) -> None:
         way.peaks = way.peak()
 
 
-def table(name: str, new: int, prompts: list[str], ways: list[Way], vllm: dict[str, Any],
+def table(name: str, new: int, prompts: list[str], ways: list[Way],
           reference: list[str] | None) -> None:
-    rows: list[tuple[str, float, float, float | None, str, str, list[str]]] = []
-    labels = {"auto": "vLLM CPU (LLM defaults)", "transformers": 'vLLM CPU, model_impl="transformers"'}
-    for impl, result in vllm.items():
-        work = result.get("workloads", {}).get(name)
-        if not work:
-            continue
-        median = statistics.median(work["times"])
-        peaks = list(result.get("peak_rss", {}).values())
-        rows.append((labels[impl], median, median, result.get("startup_s"),
-                     f"{max(peaks) / 2**30:.2f} GiB x{len(peaks)}" if peaks else "-",
-                     f"tokens by vLLM: {sum(work['tokens'])}", work["texts"]))
+    rows = []
     for way in ways:
         median = statistics.median(way.times)
-        first = statistics.median(way.firsts) if way.firsts else median
-        rows.append((way.label, median, first, way.startup_s,
-                     f"{max(way.peaks) / 2**30:.2f} GiB x{len(way.peaks)}", way.note, way.texts))
-    base = next((r[1] / sum(count(t, new) for t in r[6]) for r in rows
-                 if r[0] == labels["auto"]), None)
+        tokens = sum(count(t, new) for t in way.texts)
+        rows.append((way, median, tokens / median))
+    base = next((rate for way, _, rate in rows if way.label == VllmEngine.LABELS["auto"]), None)
     print(f"\n### {name}: {len(prompts)} prompts, up to {new} new tokens\n")
     print("| way | tok/s | vs vLLM CPU | items/s | first s | start-up s | peak RSS | tokens "
           "| same greedy text | note |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-    for label, median, first, startup, peak, note, texts in rows:
-        tokens = sum(count(t, new) for t in texts)
-        rate = tokens / median
-        ratio = f"{rate * base:.2f}x" if base else "-"
+    for way, median, rate in rows:
+        first = statistics.median(way.firsts)
+        ratio = f"{rate / base:.2f}x" if base else "-"
         same = ("-" if reference is None or name == "sampled"
-                else f"{sum(a.strip() == b.strip() for a, b in zip(texts, reference, strict=True))}"
-                f"/{len(texts)}")
-        print(f"| {label} | {rate:.1f} | {ratio} | {len(prompts) / median:.2f} | {first:.2f} | "
-              f"{'-' if startup is None else f'{startup:.1f}'} | {peak} | {tokens} | {same} "
-              f"| {note} |")
+                else f"{sum(a.strip() == b.strip() for a, b in zip(way.texts, reference, strict=True))}"
+                f"/{len(way.texts)}")
+        peak = f"{max(way.peaks) / 2**30:.2f} GiB x{len(way.peaks)}" if way.peaks else "-"
+        startup = "-" if way.startup_s is None else f"{way.startup_s:.1f}"
+        print(f"| {way.label} | {rate:.1f} | {ratio} | {len(prompts) / median:.2f} | {first:.2f} "
+              f"| {startup} | {peak} | {sum(count(t, new) for t in way.texts)} | {same} "
+              f"| {way.note} |")
 
 
 def main() -> int:
@@ -325,6 +374,9 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--size", choices=sorted(SIZES), default="70m")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="the dtype the model is saved in; every way runs it (vLLM is "
+                        "given it: its own default would run a float32 model in bfloat16)")
     parser.add_argument("--workload", action="append", choices=["greedy", "sampled", "forced16"])
     parser.add_argument("--setting", action="append", default=None,
                         help="Executor settings (JSON) besides the defaults; default: "
@@ -345,13 +397,13 @@ def main() -> int:
         print(f"command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
         print(be.machine_line() + " (2 shared cores: other work may be running; read ratios)")
         users = user_texts(args.prompts)
-        path, made = make_model(root, args.size, users, args.max_new_tokens)
+        path, made = make_model(root, args.size, users, args.max_new_tokens, args.dtype)
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(path)
         prompts = chat(tokenizer, users)
         lengths = [len(tokenizer(p)["input_ids"]) for p in prompts]
-        print(f"model: {made['params'] / 1e6:.0f}M parameters; prompts {min(lengths)}-"
+        print(f"model: {made['params'] / 1e6:.0f}M parameters, {args.dtype}; prompts {min(lengths)}-"
               f"{max(lengths)} tokens (median {statistics.median(lengths):.0f}); end-of-sequence "
               f"{made['word']!r} (ids {made['eos']}): greedy ends {made['ends'][0]}-"
               f"{made['ends'][-1]} (median {statistics.median(made['ends']):.0f}, "
@@ -359,11 +411,13 @@ def main() -> int:
         new = args.max_new_tokens
         options = {"greedy": {"max_new_tokens": new}, "sampled": {"max_new_tokens": new, **SAMPLED},
                    "forced16": {"max_new_tokens": 16, "min_new_tokens": 16}}
-        work = [(w, prompts, vllm_params(options[w], made["eos"])) for w in chosen]
-        vllm = vllm_ways(args.vllm_python, str(path), work, args.reps, root) if args.vllm_python else {}
+        engines = [VllmEngine(args.vllm_python, str(path), impl, args.dtype, root)
+                   for impl in ("auto", "transformers")] if args.vllm_python else []
         for workload in chosen:
             opts = options[workload]
-            ways = [executor_way("codeferry Executor, defaults", str(path), prompts, opts)]
+            ways = [w for e in engines
+                    if (w := e.way(prompts, vllm_params(opts, made["eos"]))) is not None]
+            ways.append(executor_way("codeferry Executor, defaults", str(path), prompts, opts))
             for setting in settings:
                 ways.append(executor_way(f"codeferry Executor({setting})", str(path), prompts,
                                          opts, **json.loads(setting)))
@@ -372,7 +426,9 @@ def main() -> int:
             for way in ways:
                 way.close()
             limit = opts["max_new_tokens"]
-            table(workload, limit, prompts, ways, vllm, ways[-1].texts)
+            table(workload, limit, prompts, ways, ways[-1].texts)
+        for engine in engines:
+            engine.close()
     print(f"\ntotal {time.perf_counter() - started:.0f} s, load average at the end "
           f"{os.getloadavg()[0]:.2f}")
     return 0

@@ -1,19 +1,24 @@
 """The decode loop (``_exec/decode.py``) gives ``generate``'s greedy tokens, row by row.
 
 Rows leave the batch when they end and waiting prompts are prefilled and merged in
-(``max_rows`` small forces both); each row keeps its own options. The pure loop runs in
-this process on a tiny random Llama; one test runs it in real workers through
-``codeferry.Executor``, whose default takes it on CPU.
+(``max_rows`` small forces both); each row keeps its own options; a group of prompts added
+while others run joins them and is handed back when its own rows ended. The pure loop runs
+in this process on a tiny random Llama; one test runs it in real workers through
+``codeferry.Executor``, whose default takes it on CPU, and whose workers merge the batches
+in their pipe into one loop (``_exec/stream.py``).
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import pytest
 
 import codeferry
-from codeferry._exec.decode import RowOptions, decode, probe, row_options, rows_for, supports
+from codeferry._exec.decode import Engine, RowOptions, decode, row_options, rows_for, supports
+from codeferry._exec.stream import probe
 
 EOS = 108  # a token this model's greedy outputs reach, at different positions
 
@@ -71,6 +76,29 @@ def test_greedy_rows_equal_generate_while_rows_leave_and_join(model: Any, max_ro
     assert any(row[-1] in (EOS, 70) and len(row) < o.max_new_tokens
                for row, o in zip(got, options, strict=True))  # some rows ended early
     assert len({len(row) for row in got}) > 3  # and at different lengths
+
+
+def test_a_group_added_while_another_runs_joins_it_and_ends_first(model: Any) -> None:
+    import torch
+
+    first, second = prompts(5, seed=7), prompts(3, seed=8)
+    long = [RowOptions(40, (EOS,), min_new_tokens=40) for _ in first]
+    short = [RowOptions(3 + i, (EOS, 70)) for i in range(len(second))]
+    engine = Engine(model, pad_token_id=0, max_rows=8)
+    ended: list[tuple[int, list[list[int]]]] = []
+    with torch.inference_mode():
+        a = engine.add(first, long)
+        for _ in range(5):  # the first group is decoding when the second comes
+            ended += engine.step()
+        b = engine.add(second, short)
+        while engine.busy:
+            ended += engine.step()
+            assert len(engine.batch.rows) <= 8
+    assert [group for group, _ in ended] == [b, a]  # the short group did not wait for the long
+    outputs = dict(ended)
+    assert outputs[a] == [generated(model, p, o) for p, o in zip(first, long, strict=True)]
+    assert outputs[b] == [generated(model, p, o) for p, o in zip(second, short, strict=True)]
+    assert not engine.prompts and not engine.outputs  # nothing kept of groups handed back
 
 
 def test_min_new_tokens_masks_end_of_sequence(model: Any) -> None:
@@ -139,6 +167,18 @@ def test_executor_defaults_decode_in_workers_with_generates_tokens(
                             preload=("generate",)) as ex:
         assert ex.worker_info[0]["generate_path"] == "decode", ex.worker_info[0]
         got = ex.generate(texts, max_new_tokens=24)
+        # A second call's batch joins the loop of a first one still running: it is answered
+        # first. Decoded one batch after the other, it would wait for the first to end.
+        arrived: list[float] = []
+        long = ex.generate_iter(texts[:4], max_new_tokens=150, min_new_tokens=150)
+        reader = threading.Thread(target=lambda: arrived.extend(time.monotonic() for _ in long))
+        reader.start()
+        short = ex.generate(texts[4:6], max_new_tokens=3)
+        short_done = time.monotonic()
+        reader.join()
+    assert len(arrived) == 4 and all(  # greedy: the first tokens of the longer outputs
+        whole.split()[:len(part.split())] == part.split() for part, whole in zip(short, got[4:6], strict=True))
+    assert short_done < max(arrived)
     expected = []
     for text in texts:
         ids = tokenizer(text)["input_ids"]

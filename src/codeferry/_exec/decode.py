@@ -24,8 +24,8 @@ greedy or sampled (temperature, top-k, top-p, seed). Greedy rows give ``generate
 (positions from the attention mask as ``generate`` computes them, float32 argmax);
 ``tests/exec/test_decode.py`` checks it token for token. A model whose cache is not plain
 full attention (sliding windows, states), or whose ``forward`` lacks what the loop passes,
-is not run here: ``supports`` says so, and the worker's probe (``probe``) compares the loop
-with ``generate`` on the model itself before taking it.
+is not run here: ``supports`` says so, and the worker's probe (``stream.probe``) compares
+the loop with ``generate`` on the model itself before taking it.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RowOptions", "decode", "probe", "row_options", "rows_for", "supports"]
+__all__ = ["Engine", "RowOptions", "decode", "ids", "row_options", "rows_for", "supports"]
 
 #: ``generate`` options the loop honours; any other sends a call to ``generate``.
 SUPPORTED = frozenset({"max_new_tokens", "min_new_tokens", "do_sample", "temperature", "top_k",
@@ -58,7 +58,7 @@ class RowOptions:
     seed: int | None = None
 
 
-def _ids(value: Any) -> tuple[int, ...]:
+def ids(value: Any) -> tuple[int, ...]:
     if value is None:
         return ()
     return (int(value),) if isinstance(value, int) else tuple(int(v) for v in value)
@@ -76,7 +76,7 @@ def row_options(options: dict[str, Any], config: Any) -> RowOptions | None:
 
     sample = bool(get("do_sample", False))
     return RowOptions(
-        max_new_tokens=int(get("max_new_tokens", 20)), eos=_ids(get("eos_token_id", None)),
+        max_new_tokens=int(get("max_new_tokens", 20)), eos=ids(get("eos_token_id", None)),
         min_new_tokens=int(get("min_new_tokens", 0)), do_sample=sample,
         temperature=float(get("temperature", 1.0)) if sample else 1.0,
         top_k=int(get("top_k", 0)) if sample else 0,
@@ -270,13 +270,15 @@ class _Chooser:
     samples (temperature, then top-k, then top-p), all sampled rows at once: a row's
     top-k (or, without one, its whole vocabulary) sorted once, top-p cut within it."""
 
-    def __init__(self, options: list[RowOptions]) -> None:
-        import torch
+    def __init__(self, options: dict[int, RowOptions]) -> None:
+        self.options = options  # the engine's: rows come and go
+        self.generators: dict[int, Any] = {}
 
-        self.options = options
-        self.generators = {
-            i: torch.Generator().manual_seed(o.seed) for i, o in enumerate(options)
-            if o.do_sample and o.seed is not None}
+    def add(self, index: int, option: RowOptions) -> None:
+        if option.do_sample and option.seed is not None:
+            import torch
+
+            self.generators[index] = torch.Generator().manual_seed(option.seed)
 
     def pick(self, logits: Any, rows: list[int], counts: list[int]) -> list[int]:
         options = [self.options[r] for r in rows]
@@ -312,119 +314,127 @@ class _Chooser:
         return picks
 
 
+class Engine:
+    """Rows of any number of groups decoded together: a group is added (``add``) while
+    others run, and ``step`` hands back each group once all of its rows ended.
+
+    Why groups: a worker gets its prompts in batches, one message each. Decoding a batch
+    alone, its rows end one by one and the last few are computed nearly alone (every step
+    reads all the weights for a handful of rows); merging the next batch's prompts in as
+    rows free up keeps the width, and each batch is answered as soon as its own rows end.
+    """
+
+    def __init__(self, model: Any, *, pad_token_id: int, max_rows: int | None = None) -> None:
+        self.model, self.pad, self.max_rows = model, pad_token_id, max_rows
+        self.keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.batch = _Batch(model, _layer_class())
+        self.prompts: dict[int, list[int]] = {}
+        self.options: dict[int, RowOptions] = {}
+        self.outputs: dict[int, list[int]] = {}
+        self.group_of: dict[int, int] = {}
+        self.groups: dict[int, list[int]] = {}
+        self.left: dict[int, int] = {}  # a group's rows not ended yet
+        self.waiting: list[int] = []    # first come, first in; longest first within a group
+        self.finished: list[tuple[int, list[list[int]]]] = []
+        self.chooser = _Chooser(self.options)
+        self.rows = 1
+        self._next, self._next_group, self._longest = 0, 0, 1
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.batch.rows or self.finished)
+
+    def add(self, prompts: list[list[int]], options: list[RowOptions]) -> int:
+        """Queue ``prompts`` (token ids), one ``RowOptions`` each; their group's number."""
+        if len(options) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(options)} row options")
+        group, self._next_group = self._next_group, self._next_group + 1
+        indices = list(range(self._next, self._next + len(prompts)))
+        self._next += len(prompts)
+        for index, prompt, option in zip(indices, prompts, options, strict=True):
+            self.prompts[index], self.options[index], self.outputs[index] = prompt, option, []
+            self.group_of[index] = group
+            self.chooser.add(index, option)
+            self._longest = max(self._longest, len(prompt) + option.max_new_tokens)
+        self.groups[group] = indices
+        live = [i for i in indices if self.options[i].max_new_tokens > 0]
+        self.left[group] = len(live)
+        self.waiting += sorted(live, key=lambda i: -len(self.prompts[i]))
+        self.rows = self.max_rows or rows_for(self.model, self._longest)
+        if not live:
+            self._finish(group)
+        return group
+
+    def step(self) -> list[tuple[int, list[list[int]]]]:
+        """One prefill of waiting prompts, or one token for every row (call it under
+        ``torch.inference_mode``); the groups that ended, each with its rows' new tokens."""
+        import torch
+
+        batch, rows = self.batch, self.rows
+        free = rows - (len(batch.rows) - sum(batch.done))
+        if self.waiting and (not batch.rows or free >= max(1, rows // 4)):
+            if any(batch.done):
+                batch.compact()
+            group, self.waiting = self.waiting[:free], self.waiting[free:]
+            present = batch.rows + group
+            capacity = max(len(self.prompts[i]) + self.options[i].max_new_tokens
+                           - len(self.outputs[i]) for i in present) + (
+                               batch.mask.shape[1] if batch.rows else 0)
+            logits = batch.prefill([self.prompts[i] for i in group], group, self.pad,
+                                   capacity, self.keep)
+            tokens = self.chooser.pick(logits, group, [0] * len(group))
+            last = torch.tensor(tokens).unsqueeze(-1)
+            batch.last = last if batch.last is None else torch.cat([batch.last, last])
+            self._record(tokens, offset=len(batch.rows) - len(group))
+        elif batch.rows:
+            if sum(batch.done) * 8 >= len(batch.rows):
+                batch.compact()
+            if batch.rows:
+                logits = batch.step()
+                counts = [len(self.outputs[r]) for r in batch.rows]
+                tokens = self.chooser.pick(logits, batch.rows, counts)
+                batch.last = torch.tensor(tokens).unsqueeze(-1)
+                self._record(tokens, offset=0)
+        finished, self.finished = self.finished, []
+        return finished
+
+    def _record(self, tokens: list[int], offset: int) -> None:
+        """Append each live row's token; mark the rows that ended, finish their groups."""
+        batch = self.batch
+        for at, token in enumerate(tokens, start=offset):
+            if batch.done[at]:
+                continue
+            row = batch.rows[at]
+            self.outputs[row].append(token)
+            option = self.options[row]
+            if token in option.eos or len(self.outputs[row]) >= option.max_new_tokens:
+                batch.done[at] = True
+                group = self.group_of[row]
+                self.left[group] -= 1
+                if not self.left[group]:
+                    self._finish(group)
+
+    def _finish(self, group: int) -> None:
+        indices = self.groups.pop(group)
+        del self.left[group]
+        self.finished.append((group, [self.outputs[i] for i in indices]))
+        for index in indices:
+            for table in (self.prompts, self.options, self.outputs, self.group_of,
+                          self.chooser.generators):
+                table.pop(index, None)
+
+
 def decode(model: Any, prompts: list[list[int]], options: list[RowOptions], *,
            pad_token_id: int, max_rows: int | None = None) -> list[list[int]]:
     """The new tokens of every prompt (each row's end-of-sequence included, as ``generate``
     returns it, padding removed). ``max_rows``: rows decoded together (``rows_for``)."""
     import torch
 
-    if len(options) != len(prompts):
-        raise ValueError(f"{len(prompts)} prompts but {len(options)} row options")
-    outputs: list[list[int]] = [[] for _ in prompts]
-    waiting = sorted((i for i in range(len(prompts)) if options[i].max_new_tokens > 0),
-                     key=lambda i: -len(prompts[i]))
-    if not waiting:
-        return outputs
-    longest = max(len(p) + o.max_new_tokens for p, o in zip(prompts, options, strict=True))
-    rows = max_rows or rows_for(model, longest)
-    keep = "logits_to_keep" in inspect.signature(model.forward).parameters
-    batch = _Batch(model, _layer_class())
-    chooser = _Chooser(options)
+    engine = Engine(model, pad_token_id=pad_token_id, max_rows=max_rows)
+    engine.add(prompts, options)
+    outputs: list[list[int]] = []
     with torch.inference_mode():
-        while waiting or batch.rows:
-            free = rows - (len(batch.rows) - sum(batch.done))
-            if waiting and (not batch.rows or free >= max(1, rows // 4)):
-                if any(batch.done):
-                    batch.compact()
-                group, waiting = waiting[:free], waiting[free:]
-                present = batch.rows + group
-                capacity = max(len(prompts[i]) + options[i].max_new_tokens - len(outputs[i])
-                               for i in present) + (batch.mask.shape[1] if batch.rows else 0)
-                logits = batch.prefill([prompts[i] for i in group], group, pad_token_id,
-                                       capacity, keep)
-                tokens = chooser.pick(logits, group, [0] * len(group))
-                last = torch.tensor(tokens).unsqueeze(-1)
-                batch.last = last if batch.last is None else torch.cat([batch.last, last])
-                _record(batch, outputs, options, tokens, offset=len(batch.rows) - len(group))
-            else:
-                if sum(batch.done) * 8 >= len(batch.rows):
-                    batch.compact()
-                    if not batch.rows:
-                        continue
-                logits = batch.step()
-                counts = [len(outputs[r]) for r in batch.rows]
-                tokens = chooser.pick(logits, batch.rows, counts)
-                batch.last = torch.tensor(tokens).unsqueeze(-1)
-                _record(batch, outputs, options, tokens, offset=0)
+        while engine.busy:
+            for _, rows in engine.step():
+                outputs = rows
     return outputs
-
-
-def _record(batch: _Batch, outputs: list[list[int]], options: list[RowOptions],
-            tokens: list[int], offset: int) -> None:
-    """Append each live row's token; mark the rows that ended."""
-    for at, token in enumerate(tokens, start=offset):
-        if batch.done[at]:
-            continue
-        row = batch.rows[at]
-        outputs[row].append(token)
-        option = options[row]
-        if token in option.eos or len(outputs[row]) >= option.max_new_tokens:
-            batch.done[at] = True
-
-
-def probe(model: Any, pad: int) -> str | None:
-    """``None`` when the loop gives ``generate``'s greedy tokens on this model (rows that
-    leave and rows that join included); otherwise why not."""
-    why = supports(model)
-    if why is not None:
-        return why
-    import torch
-
-    vocab = int(getattr(model.config.get_text_config(), "vocab_size", 0) or 0)
-    if vocab < 8:
-        return "the model has no usable vocab_size"
-    prompts = [[(3 + 5 * i) % vocab for i in range(7)], [(4 + 3 * i) % vocab for i in range(3)],
-               [(5 + 7 * i) % vocab for i in range(5)]]
-    lengths = (6, 3, 5)
-    eos = _ids(model.generation_config.eos_token_id)
-    try:  # every row exactly its length long: end-of-sequence masked, as generate masks it
-        got = decode(model, prompts, [RowOptions(n, eos, n) for n in lengths], pad_token_id=pad,
-                     max_rows=2)
-        for prompt, new, row in zip(prompts, lengths, got, strict=True):
-            with torch.inference_mode():
-                out = model.generate(input_ids=torch.tensor([prompt], device=model.device),
-                                     do_sample=False, max_new_tokens=new, min_new_tokens=new,
-                                     pad_token_id=pad)
-            if out[0, len(prompt):].tolist() != row:
-                return "the decode loop gave other greedy tokens than generate"
-    except Exception as exc:  # noqa: BLE001 - any failure means: not for this model
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    return None
-
-
-def choose(model: Any, requested: str, device: str, pad: int | None) -> tuple[str, str] | None:
-    """``("decode", why)`` when a worker generates with this loop; ``None``: the other paths
-    decide (``generation.choose_path``). ``auto`` takes it on CPU, where it was measured
-    (``benchmarks/bench_generation.py``); ``decode`` asks for it anywhere it works."""
-    if requested not in ("auto", "decode") or (requested == "auto" and
-                                                not device.startswith("cpu")):
-        return None
-    failure = probe(model, 0 if pad is None else pad)
-    if failure is None:
-        return "decode", "a greedy probe of the decode loop matched generate token for token"
-    if requested == "decode":
-        return "batched", f"the decode loop does not work for this model: {failure}"
-    return None
-
-
-def generate(model: Any, tokenizer: Any, texts: list[str],
-             options: dict[str, Any]) -> list[str] | None:
-    """A worker's ``generate`` by the loop: texts out, or ``None`` when an option is one the
-    loop does not do (the caller then runs ``generate``)."""
-    rows = row_options(options, model.generation_config)
-    if rows is None:
-        return None
-    ids = [list(row) for row in tokenizer(texts, add_special_tokens=True)["input_ids"]]
-    pad = options.get("pad_token_id", tokenizer.pad_token_id)
-    out = decode(model, ids, [rows] * len(ids), pad_token_id=0 if pad is None else int(pad))
-    return [str(tokenizer.decode(row, skip_special_tokens=True)) for row in out]

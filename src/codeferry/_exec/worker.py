@@ -233,10 +233,10 @@ class _Engine:
         key = "AutoModel" if kind == "embed" else "AutoModelForCausalLM"
         self.models[key] = model.to(self.spec.device).eval()
         if kind == "generate":
-            from .decode import choose
             from .generation import choose_path
+            from .stream import choose
 
-            # engine (issue 20): the decode loop first, where it is taken (decode.choose).
+            # engine (issue 20): the decode loop first, where it is taken (stream.choose).
             requested = self.spec.generate_path
             self.generate_path = choose(self.models[key], requested, self.spec.device,
                                         self.tokenizer.pad_token_id) or choose_path(
@@ -264,21 +264,34 @@ class _Engine:
         inputs.setdefault("input_ids", enc["input_ids"].to(self.spec.device))
         return inputs, enc["attention_mask"].to(self.spec.device)
 
+    def generate_options(self, model: Any, options: dict[str, Any]) -> dict[str, Any]:
+        """A request's ``generate`` options with the worker's defaults: sampling or not as
+        the model's generation_config says (transformers' default: greedy), unless the caller
+        says (the continuous path asks which), the new-token limit, the pad token."""
+        options = {"do_sample": bool(model.generation_config.do_sample),
+                   "max_new_tokens": _settings.DEFAULT_MAX_NEW_TOKENS, **options}
+        if self.tokenizer.pad_token_id is not None:
+            options.setdefault("pad_token_id", self.tokenizer.pad_token_id)
+        return options
+
+    def stream(self) -> Any:
+        """A ``stream.Stream`` when this worker generates with the decode loop, else ``None``."""
+        if self.generate_path is None or self.generate_path[0] != "decode":
+            return None
+        from .stream import Stream
+
+        return Stream(self.model_for("generate"), self.tokenizer)
+
     def generate(self, texts: list[str], options: dict[str, Any]) -> list[str]:
         import torch
 
         from .generation import continuous_supports, generate_continuous, lighter_min_new_tokens
 
         model = self.model_for("generate")
-        # Sampling or not as the model's generation_config says (transformers' default:
-        # greedy), unless the caller says; the continuous path asks which.
-        options = {"do_sample": bool(model.generation_config.do_sample),
-                   "max_new_tokens": _settings.DEFAULT_MAX_NEW_TOKENS, **options}
-        if self.tokenizer.pad_token_id is not None:
-            options.setdefault("pad_token_id", self.tokenizer.pad_token_id)
+        options = self.generate_options(model, options)
         assert self.generate_path is not None  # set when the model was built
         if self.generate_path[0] == "decode":  # engine (issue 20): decode.py's loop
-            from .decode import generate as decode_generate
+            from .stream import generate as decode_generate
 
             texts_out = decode_generate(model, self.tokenizer, texts, options)
             if texts_out is not None:
@@ -387,11 +400,32 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
         conn.send(("failed", os.getpid(), error_payload(exc)))
         return
     conn.send(("ready", os.getpid(), engine.info()))
+    stream = engine.stream()  # engine (issue 20): batches merged into one decode loop
+
+    def step() -> None:
+        for request_id, ok, value in stream.step():
+            conn.send((request_id, *(("ok", pack(value)) if ok else ("error", error_payload(value)))))
+
     while True:
+        if stream is not None and stream.busy and not conn.poll(0):
+            step()
+            continue
         try:
             request_id, kind, payload = conn.recv()
         except (EOFError, OSError):
             return  # the parent closed our pipe: shut down
+        if stream is not None and kind == "generate":
+            try:
+                request = _unpack(payload)
+                model = engine.model_for("generate")
+                if stream.take(request_id, request["texts"],
+                               engine.generate_options(model, request["options"])):
+                    continue
+            except BaseException as exc:  # noqa: BLE001 - reported, the worker lives on
+                conn.send((request_id, "error", error_payload(exc)))
+                continue
+        while stream is not None and stream.busy:  # anything else runs with no decode in flight
+            step()
         if kind == "stop":
             return
         conn.send((request_id, *handle(engine, kind, payload)))
