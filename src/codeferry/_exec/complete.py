@@ -17,13 +17,15 @@ The worker
    first stop string (the text ends before it; the tokens up to the one that completed it
    are counted).
 
-Issue 20 may change how groups are batched for speed; the steps stay these.
+A worker that decodes (``stream.py``) runs steps 1 and 2 (``plan``) as a batch arrives, its
+groups the loop does (``loop_rows``) in its running decode loop, and step 3 as they end.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ChatTemplateMissingError
@@ -38,7 +40,7 @@ from .params import (
     resolve,
 )
 
-__all__ = ["complete"]
+__all__ = ["Planned", "complete", "loop_rows", "plan"]
 
 #: What of the model's ``generation_config`` is a default of ``SamplingParams``.
 _MODEL_DEFAULTS = ("do_sample", "temperature", "top_p", "top_k", "min_p", "max_new_tokens",
@@ -81,9 +83,36 @@ def render(tokenizer: Any, request: Request, chat_template: str | None) -> tuple
     return text, list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def complete(engine: Any, requests: Sequence[Request], defaults: SamplingParams | None,
-             chat_template: str | None) -> list[GenerateResult]:
-    """One ``GenerateResult`` per request, in order (see the module docstring)."""
+Row = list[tuple[list[int], list[dict[str, Any]] | None]]
+
+
+@dataclass
+class Planned:
+    """A batch of requests rendered, resolved and grouped (steps 1 and 2), its results
+    filled in group by group (step 3)."""
+
+    rendered: list[tuple[str, list[int]]]
+    resolved: list[Resolved]
+    ends: list[int]
+    #: The requests of each ``generate`` call, by index.
+    groups: list[list[int]]
+    results: list[GenerateResult | None]
+
+    def fill(self, tokenizer: Any, members: list[int], rows: list[Row]) -> None:
+        """Step 3 for one group: ``rows``, per member, its rows of tokens and logprobs."""
+        for i, row in zip(members, rows, strict=True):
+            completions = tuple(_finish(tokenizer, tokens, lp, self.resolved[i], self.ends)
+                                for tokens, lp in row)
+            self.results[i] = GenerateResult(len(self.rendered[i][1]), completions,
+                                             self.rendered[i][0])
+
+    def done(self) -> list[GenerateResult]:
+        return [r for r in self.results if r is not None]
+
+
+def plan(engine: Any, requests: Sequence[Request], defaults: SamplingParams | None,
+         chat_template: str | None) -> Planned:
+    """Steps 1 and 2 of the module docstring."""
     model = engine.model_for("generate")
     tokenizer = engine.tokenizer
     rendered = [render(tokenizer, r, chat_template) for r in requests]
@@ -96,15 +125,36 @@ def complete(engine: Any, requests: Sequence[Request], defaults: SamplingParams 
     groups: dict[tuple[Any, ...], list[int]] = {}
     for index, params in enumerate(resolved):
         groups.setdefault(group_key(params, index), []).append(index)
-    results: list[GenerateResult | None] = [None] * len(requests)
-    for members in groups.values():
-        rows = _generate(engine, model, [rendered[i][1] for i in members],
-                         [resolved[i] for i in members], ends)
-        for i, row in zip(members, rows, strict=True):
-            completions = tuple(_finish(tokenizer, tokens, lp, resolved[i], ends)
-                                for tokens, lp in row)
-            results[i] = GenerateResult(len(rendered[i][1]), completions, rendered[i][0])
-    return [r for r in results if r is not None]
+    return Planned(rendered, resolved, ends, list(groups.values()), [None] * len(requests))
+
+
+def complete(engine: Any, requests: Sequence[Request], defaults: SamplingParams | None,
+             chat_template: str | None) -> list[GenerateResult]:
+    """One ``GenerateResult`` per request, in order (see the module docstring)."""
+    planned = plan(engine, requests, defaults, chat_template)
+    model = engine.model_for("generate")
+    for members in planned.groups:
+        planned.fill(engine.tokenizer, members, _generate(
+            engine, model, [planned.rendered[i][1] for i in members],
+            [planned.resolved[i] for i in members], planned.ends))
+    return planned.done()
+
+
+def loop_rows(engine: Any, group: list[Resolved], ends: list[int]) -> list[Any] | None:
+    """The decode loop's ``RowOptions`` for a group, or ``None`` when the loop does not do
+    it (sampling, ``n``, logprobs, penalties, stop token ids: ``generate`` does those)."""
+    first = group[0]
+    plain = (first.n == 1 and first.logprobs is None and first.repetition_penalty == 1.0
+             and not first.presence_penalty and not first.frequency_penalty
+             and not first.stop_token_ids)
+    assert engine.generate_path is not None  # set when the model was built
+    if engine.generate_path[0] != "decode" or not plain or first.do_sample:
+        return None
+    from .decode import RowOptions
+
+    stops = tuple(sorted(set(ends) | set(first.stop_token_ids)))
+    return [RowOptions(max_new_tokens=p.max_tokens, eos=stops,
+                       min_new_tokens=min(p.min_tokens or 0, p.max_tokens)) for p in group]
 
 
 def _ends(eos: Any) -> list[int]:
@@ -113,7 +163,6 @@ def _ends(eos: Any) -> list[int]:
     return [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
 
 
-Row = list[tuple[list[int], list[dict[str, Any]] | None]]
 
 
 def _generate(engine: Any, model: Any, prompts: list[list[int]], group: list[Resolved],
@@ -133,16 +182,12 @@ def _generate(engine: Any, model: Any, prompts: list[list[int]], group: list[Res
     plain = (first.n == 1 and first.logprobs is None and first.repetition_penalty == 1.0
              and not first.presence_penalty and not first.frequency_penalty
              and not first.stop_token_ids)
-    assert engine.generate_path is not None  # set when the model was built
-    if engine.generate_path[0] == "decode" and plain and not first.do_sample:
+    looped = loop_rows(engine, group, ends)
+    if looped is not None:
         # the decode loop (decode.py): each row to its own max_tokens, ended rows leave
-        from .decode import RowOptions, decode
+        from .decode import decode
 
-        rows = decode(model, prompts, [RowOptions(
-            max_new_tokens=p.max_tokens, eos=tuple(stops),
-            min_new_tokens=min(p.min_tokens or 0, p.max_tokens)) for p in group],
-            pad_token_id=pad)
-        return [[(row, None)] for row in rows]
+        return [[(row, None)] for row in decode(model, prompts, looped, pad_token_id=pad)]
     if engine.generate_path[0] == "continuous" and plain and not first.do_sample \
             and continuous_supports(options):
         rows = generate_continuous(model, prompts, options, ends or None)

@@ -7,13 +7,16 @@ still reads all the weights. The worker's serving loop (``worker._serve``) inste
 ``generate`` message to its ``Stream``: the message's prompts join the running loop as rows
 free up, and its reply goes out as soon as its own rows ended, while the next batch's rows
 are already being computed. A message whose options the loop does not do is answered by
-``generate`` as before, once the stream has drained.
+``generate`` as before, once the stream has drained. ``codeferry run``'s ``complete``
+batches join the same way, group by group (``complete.plan``), where every group is one the
+loop does (greedy, no logprobs, penalties or stop token ids).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from .complete import Planned, loop_rows, plan
 from .decode import Engine, RowOptions, decode, ids, row_options, supports
 
 __all__ = ["Stream", "choose", "generate", "probe"]
@@ -25,11 +28,15 @@ class Stream:
     def __init__(self, model: Any, tokenizer: Any) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.engine: Engine | None = None
-        self.requests: dict[int, int] = {}  # the engine's group -> the request's id
+        #: The engine's group -> the request's id, and for a ``complete`` request its
+        #: ``Planned`` and the members of the group.
+        self.requests: dict[int, tuple[int, Planned | None, list[int]]] = {}
+        self.left: dict[int, int] = {}  # a complete request's groups still decoding
+        self._empty: list[int] = []  # complete requests of no request at all: answered next
 
     @property
     def busy(self) -> bool:
-        return self.engine is not None and self.engine.busy
+        return bool(self._empty) or (self.engine is not None and self.engine.busy)
 
     def take(self, request_id: int, texts: list[str], options: dict[str, Any]) -> bool:
         """Join the loop with ``texts``; ``False`` when an option is one the loop does not do
@@ -37,12 +44,36 @@ class Stream:
         rows = row_options(options, self.model.generation_config)
         if rows is None:
             return False
-        if self.engine is None:
-            pad = options.get("pad_token_id", self.tokenizer.pad_token_id)
-            self.engine = Engine(self.model, pad_token_id=0 if pad is None else int(pad))
         prompts = [list(row) for row in self.tokenizer(texts, add_special_tokens=True)["input_ids"]]
-        self.requests[self.engine.add(prompts, [rows] * len(prompts))] = request_id
+        self.requests[self._engine().add(prompts, [rows] * len(prompts))] = (request_id, None, [])
         return True
+
+    def take_complete(self, request_id: int, worker: Any, requests: list[Any], defaults: Any,
+                      chat_template: str | None) -> bool:
+        """Join the loop with a ``complete`` batch (``complete.plan``: its groups become the
+        loop's); ``False`` when a group is one the loop does not do (the caller answers the
+        batch with ``complete``, after ``drain``)."""
+        planned = plan(worker, requests, defaults, chat_template)
+        looped = [loop_rows(worker, [planned.resolved[i] for i in members], planned.ends)
+                  for members in planned.groups]
+        if any(rows is None for rows in looped):
+            return False
+        engine = self._engine()
+        self.left[request_id] = len(planned.groups)
+        for members, rows in zip(planned.groups, looped, strict=True):
+            assert rows is not None
+            group = engine.add([planned.rendered[i][1] for i in members], rows)
+            self.requests[group] = (request_id, planned, members)
+        if not planned.groups:
+            del self.left[request_id]
+            self._empty.append(request_id)
+        return True
+
+    def _engine(self) -> Engine:
+        if self.engine is None:
+            pad = self.tokenizer.pad_token_id
+            self.engine = Engine(self.model, pad_token_id=0 if pad is None else int(pad))
+        return self.engine
 
     def step(self) -> list[tuple[int, bool, Any]]:
         """One step of the loop: ``(request id, True, texts)`` for each request that ended,
@@ -50,17 +81,29 @@ class Stream:
         (the loop starts afresh: the scheduler retries them as it retries a failed batch)."""
         import torch
 
-        assert self.engine is not None
+        replies: list[tuple[int, bool, Any]] = [(r, True, []) for r in self._empty]
+        self._empty = []
+        if self.engine is None:
+            return replies
         try:
             with torch.inference_mode():
                 ended = self.engine.step()
         except Exception as exc:  # noqa: BLE001 - every request in the loop gets it
-            failed = [(request, False, exc) for request in self.requests.values()]
-            self.engine, self.requests = None, {}
-            return failed
-        return [(self.requests.pop(group), True,
-                 [str(self.tokenizer.decode(row, skip_special_tokens=True)) for row in rows])
-                for group, rows in ended]
+            failed = dict.fromkeys(request for request, _, _ in self.requests.values())
+            self.engine, self.requests, self.left = None, {}, {}
+            return replies + [(request, False, exc) for request in failed]
+        for group, rows in ended:
+            request, planned, members = self.requests.pop(group)
+            if planned is None:
+                replies.append((request, True, [str(self.tokenizer.decode(
+                    row, skip_special_tokens=True)) for row in rows]))
+                continue
+            planned.fill(self.tokenizer, members, [[(row, None)] for row in rows])
+            self.left[request] -= 1
+            if not self.left[request]:
+                del self.left[request]
+                replies.append((request, True, planned.done()))
+        return replies
 
 
 def probe(model: Any, pad: int) -> str | None:

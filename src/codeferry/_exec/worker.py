@@ -414,12 +414,16 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
             request_id, kind, payload = conn.recv()
         except (EOFError, OSError):
             return  # the parent closed our pipe: shut down
-        if stream is not None and kind == "generate":
+        if stream is not None and kind in ("generate", "complete"):
             try:
                 request = _unpack(payload)
-                model = engine.model_for("generate")
-                if stream.take(request_id, request["texts"],
-                               engine.generate_options(model, request["options"])):
+                if kind == "complete":
+                    taken = stream.take_complete(request_id, engine, request["texts"],
+                                                 request["defaults"], request["chat_template"])
+                else:
+                    taken = stream.take(request_id, request["texts"], engine.generate_options(
+                        engine.model_for("generate"), request["options"]))
+                if taken:
                     continue
             except BaseException as exc:  # noqa: BLE001 - reported, the worker lives on
                 conn.send((request_id, "error", error_payload(exc)))
