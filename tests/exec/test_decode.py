@@ -174,16 +174,19 @@ def test_executor_defaults_decode_in_workers_with_generates_tokens(
         reader = threading.Thread(target=lambda: arrived.extend(time.monotonic() for _ in long))
         reader.start()
         short = ex.generate(texts[4:6], max_new_tokens=3)
-        # and a batch of per-request parameters (codeferry run's) joins it the same way
-        results = ex.generate(texts[6:8], [codeferry.SamplingParams(max_tokens=k) for k in (2, 5)])
+        # and a batch of per-request parameters (codeferry run's), sampled ones included,
+        # joins it the same way
+        seeded = codeferry.SamplingParams(max_tokens=6, temperature=1.5, seed=1234)
+        results = ex.generate(texts[6:8], [codeferry.SamplingParams(max_tokens=2), seeded])
         short_done = time.monotonic()
         reader.join()
+        alone = ex.generate([texts[7]], seeded)[0]
     assert len(arrived) == 4 and short_done < max(arrived)
-    for part, whole in zip([*short, *(r.text for r in results)], got[4:8], strict=True):
+    for part, whole in zip(short, got[4:6], strict=True):
         assert whole.split()[:len(part.split())] == part.split()  # greedy: the first tokens
-    assert [list(r.completions[0].token_ids) for r in results] == [
-        generated(model, tokenizer(text)["input_ids"], RowOptions(k, (EOS,)))
-        for text, k in zip(texts[6:8], (2, 5), strict=True)]
+    assert list(results[0].completions[0].token_ids) == generated(
+        model, tokenizer(texts[6])["input_ids"], RowOptions(2, (EOS,)))
+    assert alone.completions == results[1].completions  # its own seed: its own tokens
     expected = []
     for text in texts:
         ids = tokenizer(text)["input_ids"]

@@ -142,19 +142,22 @@ def complete(engine: Any, requests: Sequence[Request], defaults: SamplingParams 
 
 def loop_rows(engine: Any, group: list[Resolved], ends: list[int]) -> list[Any] | None:
     """The decode loop's ``RowOptions`` for a group, or ``None`` when the loop does not do
-    it (sampling, ``n``, logprobs, penalties, stop token ids: ``generate`` does those)."""
+    it (``n`` above 1, logprobs, penalties, ``min_p``: ``generate`` does those). A sampled
+    row draws from its own generator when it has a seed: the same seed, the same tokens."""
     first = group[0]
-    plain = (first.n == 1 and first.logprobs is None and first.repetition_penalty == 1.0
-             and not first.presence_penalty and not first.frequency_penalty
-             and not first.stop_token_ids)
     assert engine.generate_path is not None  # set when the model was built
-    if engine.generate_path[0] != "decode" or not plain or first.do_sample:
+    if (engine.generate_path[0] != "decode" or first.n != 1 or first.logprobs is not None
+            or first.repetition_penalty != 1.0 or first.presence_penalty
+            or first.frequency_penalty or (first.do_sample and first.min_p)):
         return None
     from .decode import RowOptions
 
     stops = tuple(sorted(set(ends) | set(first.stop_token_ids)))
     return [RowOptions(max_new_tokens=p.max_tokens, eos=stops,
-                       min_new_tokens=min(p.min_tokens or 0, p.max_tokens)) for p in group]
+                       min_new_tokens=min(p.min_tokens or 0, p.max_tokens),
+                       do_sample=p.do_sample, temperature=p.temperature if p.do_sample else 1.0,
+                       top_k=p.top_k if p.do_sample else 0,
+                       top_p=p.top_p if p.do_sample else 1.0, seed=p.seed) for p in group]
 
 
 def _ends(eos: Any) -> list[int]:
