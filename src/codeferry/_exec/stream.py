@@ -9,7 +9,7 @@ free up, and its reply goes out as soon as its own rows ended, while the next ba
 are already being computed. A message whose options the loop does not do is answered by
 ``generate`` as before, once the stream has drained. ``codeferry run``'s ``complete``
 batches join the same way, group by group (``complete.plan``), where every group is one the
-loop does (greedy, no logprobs, penalties or stop token ids).
+loop does (``complete.loop_rows``: no ``n`` above 1, logprobs, penalties or ``min_p``).
 """
 
 from __future__ import annotations
