@@ -15,7 +15,7 @@ import pytest
 
 import codeferry
 from codeferry import cli
-from codeferry._exec.scheduler import Call
+from codeferry._exec.scheduler import STREAM_DEPTH, Call
 from codeferry.testing import ModelSpec, write_model
 
 PROMPTS = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9 w10 w11 w12 w13 w14 w15", "w16 w17", "w3 w9 w27 w81",
@@ -96,6 +96,20 @@ def test_auto_takes_the_decode_loop_on_cpu(llama_batched: codeferry.Executor,
     assert info["generate_path"] == "decode", info["generate_reason"]
     assert "matched generate token for token" in info["generate_reason"]
     assert texts == llama_batched.generate(PROMPTS[:3], max_new_tokens=4)
+
+
+def test_decoding_workers_stream_small_batches_with_the_same_outputs(
+        llama_batched: codeferry.Executor, llama: Path) -> None:
+    many = [PROMPTS[i % len(PROMPTS)] + f" w{i}" for i in range(40)]
+    with codeferry.Executor(llama, workers=2, start_method="fork") as ex:
+        assert all(info["streams"] for info in ex.worker_info), ex.worker_info
+        planned = ex._batches("generate", many, {"options": {}}, None, Call(len(many)))
+        # an eighth of a worker's rows a batch, STREAM_DEPTH of them in its pipe at once
+        assert max(len(b.indices) for b in planned) <= ex.max_batch_size // STREAM_DEPTH
+        assert sorted(i for b in planned for i in b.indices) == list(range(len(many)))
+        got = ex.generate(many, max_new_tokens=5)
+    assert got == llama_batched.generate(many, max_new_tokens=5)
+    assert not any(info.get("streams") for info in llama_batched.worker_info)  # batched path
 
 
 @pytest.mark.parametrize("which", ["demo", "factory"])

@@ -35,7 +35,7 @@ from .batching import batch_limits, estimate_tokens, fixed_batches, plan_batches
 from .checks import check_main_guard
 from .params import GenerateResult, Request, SamplingParams, group_key, resolve
 from .plan import Plan, prepare
-from .scheduler import Batch, Call, Outcome, Scheduler
+from .scheduler import STREAM_DEPTH, Batch, Call, Outcome, Scheduler
 from .transport import LocalTransport, Transport
 from .worker import WorkerSpec
 
@@ -263,19 +263,28 @@ class Executor:
 
     def _plan(self, lengths: Sequence[int], *, generating: bool = True) -> list[list[int]]:
         budget, spread = self.max_batch_tokens, len(self._scheduler.specs) * PIPELINE
-        if generating and self._decoding():
-            # engine (issue 20): the decode loop pads nothing across the rows it refills and
-            # drops rows as they end, so a batch is sized by rows (its KV cache is bounded in
-            # the worker, decode.rows_for): one batch a worker at a time, as wide as the
-            # planner allows, so that finished rows are refilled from the same batch.
+        size = self.max_batch_size
+        if generating and self._decoding("streams"):
+            # engine (issue 20): each worker merges the batches in its pipe into one decode
+            # loop (stream.py), STREAM_DEPTH at a time: small batches keep its rows full, and
+            # come back one by one as their rows end (a first result long before the last).
+            size = max(1, size // STREAM_DEPTH)
+            budget, spread = max(lengths, default=1) * size, len(self._scheduler.specs)
+        elif generating and self._decoding():
+            # Ray actors that decode, one call at a time (they do not stream): the loop pads
+            # nothing across the rows it refills and drops rows as they end, so a batch is
+            # sized by rows (its KV cache is bounded in the worker, decode.rows_for): one
+            # batch a worker at a time, as wide as the planner allows.
             budget, spread = max(lengths, default=1) * self.max_batch_size, len(self._scheduler.specs)
-        return plan_batches(lengths, max_batch_tokens=budget, max_batch_size=self.max_batch_size,
+        return plan_batches(lengths, max_batch_tokens=budget, max_batch_size=size,
                             window=BATCH_WINDOW, spread=spread)
 
-    def _decoding(self) -> bool:
-        """Whether every worker generates with the decode loop (``decode.py``)."""
+    def _decoding(self, streams: str = "") -> bool:
+        """Whether every worker generates with the decode loop (``decode.py``), and with
+        ``streams="streams"`` merges its batches into one loop (``stream.py``)."""
         info = self._scheduler.info()
-        return bool(info) and all(i.get("generate_path") == "decode" for i in info)
+        return bool(info) and all(i.get("generate_path") == "decode" and
+                                  (not streams or i.get(streams)) for i in info)
 
     def _submit(self, kind: str, inputs: Sequence[Any], extra: dict[str, Any],
                 batch_size: int | None, *, stream: bool) -> Call:

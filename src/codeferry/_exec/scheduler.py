@@ -45,7 +45,12 @@ from ..errors import (
 from .transport import Channel, Event, Transport
 from .worker import WorkerSpec
 
-__all__ = ["Batch", "Call", "Outcome", "Scheduler"]
+__all__ = ["STREAM_DEPTH", "Batch", "Call", "Outcome", "Scheduler"]
+
+#: Batches in the pipe of a worker that streams: its decode loop takes up to 64 rows, and
+#: the planner cuts batches of an eighth of that (``Executor._plan``), so that results come
+#: back batch by batch while every row stays busy.
+STREAM_DEPTH = 8
 
 logger = logging.getLogger(__name__)
 
@@ -394,11 +399,17 @@ class Scheduler:
             failure.__cause__ = exc
             self._start_failed(slot, failure)
 
+    def _depth(self, slot: _Slot) -> int:
+        """Batches a worker may hold: a worker that streams (``stream.py``) merges them all
+        into its running decode loop, so it holds enough to fill it."""
+        return STREAM_DEPTH if slot.info.get("streams") else self.transport.depth
+
     def _dispatch(self) -> None:
         now = time.monotonic()
-        for depth in range(1, self.transport.depth + 1):  # one each first, then the next
+        deepest = max([self.transport.depth, *(self._depth(s) for s in self._slots)])
+        for depth in range(1, deepest + 1):  # one each first, then the next
             for slot in self._slots:
-                if slot.state != "ready" or len(slot.queue) >= depth:
+                if slot.state != "ready" or len(slot.queue) >= min(depth, self._depth(slot)):
                     continue
                 waiting = slot.pinned or self._pending
                 while waiting:

@@ -399,8 +399,9 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
     except BaseException as exc:  # noqa: BLE001 - the handshake carries it to the parent
         conn.send(("failed", os.getpid(), error_payload(exc)))
         return
-    conn.send(("ready", os.getpid(), engine.info()))
     stream = engine.stream()  # engine (issue 20): batches merged into one decode loop
+    # "streams": the scheduler may keep more batches in this worker's pipe (STREAM_DEPTH)
+    conn.send(("ready", os.getpid(), {**engine.info(), "streams": stream is not None}))
 
     def step() -> None:
         for request_id, ok, value in stream.step():
