@@ -13,7 +13,7 @@ import concurrent.futures as cf
 import multiprocessing as mp
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -197,6 +197,26 @@ def spawned_child() -> Iterator[cf.ProcessPoolExecutor]:
     run in a fresh interpreter."""
     with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
         yield pool
+
+
+@pytest.fixture(scope="session")
+def forkers() -> Iterator[Callable[[str], Any]]:
+    """``forkers(method)``: the session's ``_forker.Forker`` of that start method (started at
+    its first use), which runs each case in a new process forked from it."""
+    from _forker import Forker
+
+    made: dict[str, Forker] = {}
+
+    def forker(method: str) -> Forker:
+        if method not in made:
+            made[method] = Forker(method)
+        return made[method]
+
+    try:
+        yield forker
+    finally:
+        for one in made.values():
+            one.close()
 
 
 @pytest.fixture(scope="module")
