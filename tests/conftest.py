@@ -82,11 +82,11 @@ _SHARED_SCOPE = {"exec/test_ray_cluster.py": "ray", "exec/test_ray.py": "ray",
                  # one vLLM engine at a time: two on a small machine starve each other
                  "vllm/test_vllm.py": "vllm", "vllm/test_vllm_run_batch.py": "vllm"}
 _LONGEST_FIRST = ("exec/test_ray_cluster.py", "exec/test_ray.py", "vllm/test_vllm.py",
-                  "vllm/test_vllm_run_batch.py", "contexts/test_datasets.py",
-                  "contexts/test_pools.py", "contexts/test_torchrun.py",
-                  "contexts/test_accelerate.py",
+                  "vllm/test_vllm_run_batch.py", "contexts/test_pools.py",
+                  "contexts/test_datasets.py", "load/test_exec.py", "contexts/test_dask.py",
+                  "contexts/test_dataloader.py", "contexts/test_torchrun.py",
                   "commands/test_doctor.py", "load/test_doors.py", "exec/test_worker_stdout.py",
-                  "load/test_exec.py",
+                  "contexts/test_accelerate.py",
                   "runtime/test_travel.py", "code/test_hub_cache.py", "exec/test_executor.py")
 
 
