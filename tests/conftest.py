@@ -102,6 +102,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
         def _split_scope(self, nodeid: str) -> str:
             return _SHARED_SCOPE.get(_file_of(nodeid), _file_of(nodeid))
 
+    # xdist's loadscope queues scopes by their NUMBER of tests unless told otherwise: the
+    # one-test contexts files (minutes each) went last and ran behind everything else; the
+    # queue follows the collection's order instead (``_LONGEST_FIRST``)
+    config.option.loadscopereorder = False
     return ByFile(config, log)
 
 
