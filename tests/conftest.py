@@ -13,7 +13,7 @@ import concurrent.futures as cf
 import multiprocessing as mp
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -82,11 +82,11 @@ _SHARED_SCOPE = {"exec/test_ray_cluster.py": "ray", "exec/test_ray.py": "ray",
                  # one vLLM engine at a time: two on a small machine starve each other
                  "vllm/test_vllm.py": "vllm", "vllm/test_vllm_run_batch.py": "vllm"}
 _LONGEST_FIRST = ("exec/test_ray_cluster.py", "exec/test_ray.py", "vllm/test_vllm.py",
-                  "vllm/test_vllm_run_batch.py", "contexts/test_datasets.py",
-                  "contexts/test_pools.py", "contexts/test_torchrun.py",
-                  "contexts/test_accelerate.py",
+                  "vllm/test_vllm_run_batch.py", "contexts/test_pools.py",
+                  "contexts/test_datasets.py", "load/test_exec.py", "contexts/test_dask.py",
+                  "contexts/test_dataloader.py", "contexts/test_torchrun.py",
                   "commands/test_doctor.py", "load/test_doors.py", "exec/test_worker_stdout.py",
-                  "load/test_exec.py",
+                  "contexts/test_accelerate.py",
                   "runtime/test_travel.py", "code/test_hub_cache.py", "exec/test_executor.py")
 
 
@@ -102,6 +102,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
         def _split_scope(self, nodeid: str) -> str:
             return _SHARED_SCOPE.get(_file_of(nodeid), _file_of(nodeid))
 
+    # xdist's loadscope queues scopes by their NUMBER of tests unless told otherwise: the
+    # one-test contexts files (minutes each) went last and ran behind everything else; the
+    # queue follows the collection's order instead (``_LONGEST_FIRST``)
+    config.option.loadscopereorder = False
     return ByFile(config, log)
 
 
@@ -197,6 +201,26 @@ def spawned_child() -> Iterator[cf.ProcessPoolExecutor]:
     run in a fresh interpreter."""
     with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
         yield pool
+
+
+@pytest.fixture(scope="session")
+def forkers() -> Iterator[Callable[[str], Any]]:
+    """``forkers(method)``: the session's ``_forker.Forker`` of that start method (started at
+    its first use), which runs each case in a new process forked from it."""
+    from _forker import Forker
+
+    made: dict[str, Forker] = {}
+
+    def forker(method: str) -> Forker:
+        if method not in made:
+            made[method] = Forker(method)
+        return made[method]
+
+    try:
+        yield forker
+    finally:
+        for one in made.values():
+            one.close()
 
 
 @pytest.fixture(scope="module")

@@ -24,13 +24,22 @@ import codeferry  # noqa: E402
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[Any]:
+    # Ray's workers get the helper modules through PYTHONPATH; given back after, or every
+    # later test of this worker (and its children) would inherit this process's sys.path
+    before = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join([TESTS, *sys.path])
-    ray.init(
-        num_cpus=1, _node_ip_address="127.0.0.1", include_dashboard=False,
-        log_to_driver=False, configure_logging=False,
-    )
-    yield ray
-    ray.shutdown()
+    try:
+        ray.init(
+            num_cpus=1, _node_ip_address="127.0.0.1", include_dashboard=False,
+            log_to_driver=False, configure_logging=False,
+        )
+        yield ray
+        ray.shutdown()
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 def test_ray_task_receives_instances_and_classes(ray_cluster: Any, tmp_path: Path) -> None:

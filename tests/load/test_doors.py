@@ -1,9 +1,10 @@
 """Every door transformers opens to a repo's Python passes one gate (issue 19).
 
 transformers runs a repo's code through ``auto_map`` and through ``custom_generate/``
-(``from_pretrained`` and ``generate(custom_generate=...)``). Each case runs in a fresh
-process (spawned, forkserver or forked: a lock binds a process for good), and the model's
-``marker`` file says which of its modules executed there:
+(``from_pretrained`` and ``generate(custom_generate=...)``). Each case runs in a new process
+of its own (a lock binds a process for good), forked from a process started with spawn,
+forkserver or fork (``_forker``: one per start method, no interpreter started per case), and
+the model's ``marker`` file says which of its modules executed there:
 
 - without a lock, trust decides at every door, on every transformers release (4.x ran a
   local ``custom_generate/`` untrusted), and trusted code runs from codeferry's verified bytes;
@@ -18,16 +19,14 @@ vLLM never reaches ``custom_generate`` (its Transformers backend builds the mode
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import json
-import multiprocessing as mp
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import _door_child as child
 import pytest
+from _forker import Forker
 from _helpers import run_cli
 
 from codeferry import Lock, read_lock, resolve
@@ -38,10 +37,6 @@ DOOR_FILES = ("custom_generate/generate.py", "custom_generate/requirements.txt",
               "custom_generate/sampling.py")
 
 
-def _fresh(method: str, function: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
-    """``function(*args)`` in a new process of ``method``."""
-    with cf.ProcessPoolExecutor(1, mp_context=mp.get_context(method)) as pool:
-        return pool.submit(function, *args).result(timeout=300)
 
 
 def _plain_with_custom_generate(dest: Path, source: Path) -> Path:
@@ -127,9 +122,9 @@ def test_a_model_without_a_door_keeps_its_digest(factory_models: dict[str, Path]
 
 @pytest.mark.parametrize("method", METHODS)
 def test_without_a_lock_trust_decides_at_the_custom_generate_door(
-    doors: dict[str, Path], method: str
+    doors: dict[str, Path], forkers: Callable[[str], Forker], method: str
 ) -> None:
-    out = _fresh(method, child.without_lock, str(doors["model"]), str(doors["plain"]),
+    out = forkers(method).run(child.without_lock, str(doors["model"]), str(doors["plain"]),
                  str(doors["other"]), str(doors["marker"]))
     # untrusted: from_pretrained keeps transformers' generate, generate() refuses, nothing ran
     assert out["plain_untrusted_generate"] == "GenerationMixin.generate"
@@ -145,10 +140,10 @@ def test_without_a_lock_trust_decides_at_the_custom_generate_door(
 
 @pytest.mark.parametrize("method", METHODS)
 def test_a_lock_that_does_not_list_the_door_refuses_it(
-    doors: dict[str, Path], method: str
+    doors: dict[str, Path], forkers: Callable[[str], Forker], method: str
 ) -> None:
     """The issue's exploit: locked without custom_generate/, loaded with the vLLM plugin."""
-    out = _fresh(method, child.engine_lock, str(doors["stale_lock"]), str(doors["stale"]),
+    out = forkers(method).run(child.engine_lock, str(doors["stale_lock"]), str(doors["stale"]),
                  str(doors["other"]), str(doors["marker"]))
     assert out["from_pretrained"] == "LockMismatchError"
     assert out["get_class_in_module"] == "UnlockedCodeError"  # straight through transformers
@@ -157,9 +152,9 @@ def test_a_lock_that_does_not_list_the_door_refuses_it(
 
 @pytest.mark.parametrize("method", METHODS)
 def test_a_lock_that_lists_the_door_runs_exactly_it_and_nothing_else(
-    doors: dict[str, Path], method: str
+    doors: dict[str, Path], forkers: Callable[[str], Forker], method: str
 ) -> None:
-    out = _fresh(method, child.engine_lock, str(doors["lock"]), str(doors["model"]),
+    out = forkers(method).run(child.engine_lock, str(doors["lock"]), str(doors["model"]),
                  str(doors["other"]), str(doors["marker"]))
     assert out["from_pretrained"].startswith("ok codeferry._dyn.u")
     # the locked bytes may run through transformers' own path too
@@ -171,10 +166,10 @@ def test_a_lock_that_lists_the_door_runs_exactly_it_and_nothing_else(
 
 @pytest.mark.parametrize("method", METHODS)
 def test_a_library_that_hard_codes_trust_runs_only_locked_code(
-    doors: dict[str, Path], method: str
+    doors: dict[str, Path], forkers: Callable[[str], Forker], method: str
 ) -> None:
     """CVE-2026-27893's pattern under ``load(..., lock=...)``."""
-    out = _fresh(method, child.load_lock, str(doors["lock"]), str(doors["model"]),
+    out = forkers(method).run(child.load_lock, str(doors["lock"]), str(doors["model"]),
                  str(doors["other"]), str(doors["marker"]))
     assert out["other_transformers"] == "UnlockedCodeError"
     assert out["other_installed"] == "UnlockedCodeError"
@@ -182,20 +177,24 @@ def test_a_library_that_hard_codes_trust_runs_only_locked_code(
     assert [n for n in out["ran"] if "doorother" in n] == []
 
 
-def test_code_does_not_run_at_start_up_without_trust(doors: dict[str, Path]) -> None:
+def test_code_does_not_run_at_start_up_without_trust(
+    doors: dict[str, Path], forkers: Callable[[str], Forker]
+) -> None:
     """CVE-2026-22807's pattern: AutoConfig/AutoModel without trust_remote_code run nothing."""
-    out = _fresh("spawn", child.untrusted_startup, str(doors["model"]), str(doors["marker"]))
+    out = forkers("spawn").run(child.untrusted_startup, str(doors["model"]), str(doors["marker"]))
     assert out["config"] == "ValueError" and out["model"] == "ValueError"
     assert out["ran"] == []
 
 
-def test_a_repo_in_the_hub_cache_passes_the_same_gate(doors: dict[str, Path]) -> None:
+def test_a_repo_in_the_hub_cache_passes_the_same_gate(
+    doors: dict[str, Path], forkers: Callable[[str], Forker]
+) -> None:
     args = (str(doors["cache"]), str(doors["model"]), "acme/doorhub", str(doors["marker"]))
-    out = _fresh("spawn", child.hub_repo, args[0], None, *args[1:])
+    out = forkers("spawn").run(child.hub_repo, args[0], None, *args[1:])
     assert out["repo_untrusted"] == "TrustRequiredError"
     assert out["repo_trusted"].startswith("ok codeferry._dyn.u")
     assert len(out["repo_ran"]) == 1 and out["repo_ran"][0].startswith("codeferry._dyn.u")
-    out = _fresh("spawn", child.hub_repo, args[0], str(doors["lock"]), *args[1:])
+    out = forkers("spawn").run(child.hub_repo, args[0], str(doors["lock"]), *args[1:])
     assert out["repo_trusted"] == "UnlockedCodeError"  # not in the model's lock
     assert out["repo_ran"] == []
 

@@ -1,19 +1,19 @@
 """Custom pipelines (``custom_pipelines`` in config.json) under a lock: ``pipeline(task,
 model=folder, trust_remote_code=True)`` runs exactly the locked bytes of the pipeline module
 and its helpers, and a changed helper is refused before any of it executes. Each case runs in
-a fresh process (a lock binds a process for good), started with each start method, as an
-engine's workers are."""
+a new process of its own (a lock binds a process for good), forked from a process started
+with each start method, as an engine's workers are (``_forker``)."""
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import multiprocessing as mp
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _doors import add_pipeline
+from _forker import Forker
 
 from codeferry import resolve
 from codeferry._code.lockfile import Lock
@@ -51,17 +51,15 @@ def locked_pipeline(factory_models: dict[str, Path],
     return folder, lock
 
 
-def _in_child(method: str, *args: Any) -> dict[str, Any]:
-    with cf.ProcessPoolExecutor(1, mp_context=mp.get_context(method)) as pool:
-        return pool.submit(run_pipeline, *args).result(timeout=240)
 
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
 def test_a_locked_pipeline_runs_the_locked_bytes(
-        locked_pipeline: tuple[Path, Path], tmp_path: Path, method: str) -> None:
+        locked_pipeline: tuple[Path, Path], tmp_path: Path, method: str,
+        forkers: Callable[[str], Forker]) -> None:
     folder, lock = locked_pipeline
     mark = tmp_path / "MARK"
-    got = _in_child(method, str(folder), str(lock), str(mark))
+    got = forkers(method).run(run_pipeline, str(folder), str(lock), str(mark))
     assert "error" not in got, got
     assert got["module"].startswith("codeferry._dyn.u") and got["out"] == {"who": "locked"}
     assert mark.read_text(encoding="utf-8") == "locked\n"  # executed once, from codeferry
@@ -69,20 +67,22 @@ def test_a_locked_pipeline_runs_the_locked_bytes(
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
 def test_a_changed_pipeline_helper_is_refused(
-        locked_pipeline: tuple[Path, Path], tmp_path: Path, method: str) -> None:
+        locked_pipeline: tuple[Path, Path], tmp_path: Path, method: str,
+        forkers: Callable[[str], Forker]) -> None:
     folder, lock = locked_pipeline
     changed = Path(shutil.copytree(folder, tmp_path / "m"))
     (changed / "pipe_helper.py").write_text("WHO = 'changed'\n", encoding="utf-8")
     mark = tmp_path / "MARK"
-    got = _in_child(method, str(changed), str(lock), str(mark))
+    got = forkers(method).run(run_pipeline, str(changed), str(lock), str(mark))
     assert got["error"] == "LockMismatchError", got
     assert "changed  pipe_helper.py" in got["message"]
     assert not mark.exists()  # nothing of the pipeline module ran
 
 
 def test_without_a_lock_the_pipeline_comes_from_codeferry(
-        locked_pipeline: tuple[Path, Path], tmp_path: Path) -> None:
+        locked_pipeline: tuple[Path, Path], tmp_path: Path,
+        forkers: Callable[[str], Forker]) -> None:
     folder, _ = locked_pipeline
     mark = tmp_path / "MARK"
-    got = _in_child("spawn", str(folder), None, str(mark))
+    got = forkers("spawn").run(run_pipeline, str(folder), None, str(mark))
     assert got["module"].startswith("codeferry._dyn.u") and got["out"] == {"who": "locked"}

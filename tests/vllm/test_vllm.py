@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,13 +78,11 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def models(vllm_python: str, work: Path) -> Path:
-    """The reference and the remote-code layouts, written by vLLM's own transformers."""
-    root = work / "models"
-    done = subprocess.run([vllm_python, str(CHILD), "build", str(root)], capture_output=True,
-                          text=True, timeout=TIMEOUT, env=_env(work))
-    assert done.returncode == 0, done.stderr[-3000:]
-    return root
+def models(vllm_python: str, work: Path,
+           vllm_built: Callable[[str, dict[str, str]], Path]) -> Path:
+    """The reference and the remote-code layouts, written by vLLM's own transformers (once per
+    session: ``test_vllm_run_batch.py`` reads the reference too)."""
+    return vllm_built(vllm_python, _env(work))
 
 
 def run_child(args: list[str], log: Path, env: dict[str, str]) -> int:

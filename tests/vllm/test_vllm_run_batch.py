@@ -1,7 +1,7 @@
 """One OpenAI batch file through real ``vllm run-batch`` and through ``codeferry run`` (issue 21).
 
 The same tiny Llama (``tests/_vllm_child.py build``'s reference model, written by vLLM's own
-transformers, with a chat template added) and the same file of chat requests, greedy, with
+transformers once per session, ``tests/vllm/conftest.py``; a copy with a chat template added) and the same file of chat requests, greedy, with
 stop strings, stop tokens, ``min_tokens`` and logprobs. The outputs are compared field by
 field: the same ``custom_id``s in the same order, codeferry's keys a subset of vLLM's at every
 level (vLLM adds its own: ``refusal``, ``token_ids``, ``service_tier``...), the same greedy
@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +74,8 @@ def _env(root: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def outputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Any], list[Any]]:
+def outputs(tmp_path_factory: pytest.TempPathFactory,
+            vllm_built: Callable[[str, dict[str, str]], Path]) -> tuple[list[Any], list[Any]]:
     """(vLLM's output lines, codeferry's) for ``BATCH`` on the same model."""
     python = os.environ.get(PYTHON_ENV, "").strip()
     if not python:
@@ -82,11 +85,8 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Any], list[A
         pytest.skip(reason)
     work = tmp_path_factory.mktemp("run_batch")
     env = _env(work)
-    with (work / "build.log").open("wb") as log:
-        assert _vllm_child.run_in_group([python, str(TESTS / "_vllm_child.py"), "build",
-                                         str(work / "models")], env=env, stdout=log,
-                                        timeout=TIMEOUT) == 0, (work / "build.log").read_text()
-    model = work / "models" / "reference"
+    # the session's reference model (test_vllm.py's too), copied: a chat template is added
+    model = Path(shutil.copytree(vllm_built(python, env) / "reference", work / "reference"))
     settings = json.loads((model / "tokenizer_config.json").read_text())
     (model / "tokenizer_config.json").write_text(json.dumps({**settings,
                                                              "chat_template": TEMPLATE}))

@@ -1,0 +1,31 @@
+"""The vLLM files' shared models: written once per session (``test_vllm.py`` and
+``test_vllm_run_batch.py`` share a worker: ``_SHARED_SCOPE`` in ``tests/conftest.py``)."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+CHILD = Path(__file__).resolve().parents[1] / "_vllm_child.py"
+
+
+@pytest.fixture(scope="session")
+def vllm_built(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, dict[str, str]], Path]:
+    """``vllm_built(python, env)``: the folder of ``_vllm_child.py build``'s models (the plain
+    reference and the remote-code layouts, written by vLLM's own transformers), built by
+    ``python`` at the first call and shared after it. Read-only: copy a model to change it."""
+    built: dict[str, Path] = {}
+
+    def build(python: str, env: dict[str, str]) -> Path:
+        if python not in built:
+            root = tmp_path_factory.mktemp("vllm_models") / "models"
+            done = subprocess.run([python, str(CHILD), "build", str(root)], capture_output=True,
+                                  text=True, timeout=600, env=env)
+            assert done.returncode == 0, done.stderr[-3000:]
+            built[python] = root
+        return built[python]
+
+    return build
