@@ -114,6 +114,18 @@ def _threads(worker: Any) -> int:
 # -- the parent ---------------------------------------------------------------------------
 
 
+def isolate(root: Path) -> None:
+    """Caches, code store and Hub offline under ``root`` for this run (and the workers it
+    starts), transformers' logging quiet: a benchmark reads nothing of the user's."""
+    os.environ.update({"HF_HUB_OFFLINE": "1", "HF_HOME": str(root / "hf"),
+                       "HF_MODULES_CACHE": str(root / "hf" / "modules"),
+                       "CODEFERRY_HOME": str(root / "codeferry"),
+                       "HF_HUB_DISABLE_PROGRESS_BARS": "1"})
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+
+
 def machine_line() -> str:
     import torch
     import transformers

@@ -387,13 +387,7 @@ def main() -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="codeferry-bench-generation-") as name:
         root = Path(name)
-        os.environ.update({"HF_HUB_OFFLINE": "1", "HF_HOME": str(root / "hf"),
-                           "HF_MODULES_CACHE": str(root / "hf" / "modules"),
-                           "CODEFERRY_HOME": str(root / "codeferry"),
-                           "HF_HUB_DISABLE_PROGRESS_BARS": "1"})
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+        be.isolate(root)
         print(f"command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
         print(be.machine_line() + " (2 shared cores: other work may be running; read ratios)")
         users = user_texts(args.prompts)
