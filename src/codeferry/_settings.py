@@ -103,6 +103,11 @@ SETTINGS: tuple[Setting, ...] = (
         '`0` keeps codeferry\'s plugin out of vLLM (see "Inside vLLM"); with `CODEFERRY_LOCK` set, vLLM then refuses to start (`PluginDisabledUnderLockError`)',
     ),
     Setting(
+        ("CODEFERRY_CPU_PACK",),
+        "on",
+        "`0` leaves a CPU worker's Linear layers as they are; on, their weights are packed once for oneDNN when the model is built (faster decoding, the weights' memory once more; see the executor page)",
+    ),
+    Setting(
         ("CODEFERRY_LOCK",),
         "unset",
         "a lock file every process enforces: every vLLM process, and under `codeferry exec --lock` (or `CODEFERRY_INSTALL=1`) every Python process of the command",
@@ -237,6 +242,11 @@ def debug() -> bool:
 def vllm_plugin_enabled() -> bool:
     """Whether ``CODEFERRY_VLLM_PLUGIN`` leaves the vLLM plugin on (the default)."""
     return (os.environ.get("CODEFERRY_VLLM_PLUGIN") or "1").strip().upper() not in _FALSE
+
+
+def cpu_pack_enabled() -> bool:
+    """Whether ``CODEFERRY_CPU_PACK`` leaves CPU workers' weight packing on (the default)."""
+    return (os.environ.get("CODEFERRY_CPU_PACK") or "1").strip().upper() not in _FALSE
 
 
 def lock_file() -> str | None:

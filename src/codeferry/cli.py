@@ -223,12 +223,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if (target.exists() and args.input != "-" and inputs.exists()
                 and os.path.samefile(target, inputs)):
             raise UsageError(f"--output {output} is the input file: name another file")
-    workers = args.workers or (2 if (os.cpu_count() or 1) > 1 else 1)
     # The workers' "Loading weights" bars would garble ours (and clutter logs).
     _settings.quiet_hub_progress()
     try:
         result = run(
-            args.model or _demo(), inputs, output, task=args.task, workers=workers,
+            args.model or _demo(), inputs, output, task=args.task, workers=args.workers,
             start_method=args.start_method, batch_size=args.batch_size,
             max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
             pooling=args.pooling, force_resume=args.force_resume, backend=args.backend,
@@ -384,8 +383,8 @@ def _add_run(sub: _Commands) -> argparse.ArgumentParser:
                      help="JSONL results; an existing file is resumed (default: stdout)")
     _trust_options(run.add_mutually_exclusive_group())
     run.add_argument("--task", choices=["generate", "embed", "score"], default="generate")
-    _worker_options(run, workers_help="worker processes (default: 2, 1 on a 1-core machine; "
-                    "never more than batches)")
+    _worker_options(run, workers_help="worker processes (default: one per device, a CPU "
+                    "machine's with all its cores; never more than batches)")
     run.add_argument("--batch-size", type=int, metavar="B",
                      help="inputs per batch (default: 8, fewer to give every worker a batch)")
     run.add_argument("--max-new-tokens", "--max-tokens", type=int, metavar="K",

@@ -163,9 +163,11 @@ def test_executor_defaults_decode_in_workers_with_generates_tokens(
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     texts = [" ".join(f"w{(i * 7 + j) % 100 + 8}" for j in range(2 + i % 9)) for i in range(12)]
-    with codeferry.Executor(path, workers=1, start_method=start_method,
-                            preload=("generate",)) as ex:
+    with codeferry.Executor(path, start_method=start_method, preload=("generate",)) as ex:
+        # one worker on a CPU machine (layout.py), its Linear layers packed (packing.py)
+        assert len(ex.worker_info) == 1
         assert ex.worker_info[0]["generate_path"] == "decode", ex.worker_info[0]
+        assert ex.worker_info[0]["packed_linears"] == 2 * 7 + 1, ex.worker_info[0]
         got = ex.generate(texts, max_new_tokens=24)
         # A second call's batch joins the loop of a first one still running: it is answered
         # first. Decoded one batch after the other, it would wait for the first to end.

@@ -29,6 +29,7 @@ from typing import Any, Literal, TextIO
 from .._code.lockfile import Lock
 from .._exec.executor import Executor, Outcome
 from .._exec.files import may_have_chat_template
+from .._exec.layout import cpus, devices, layout
 from .._exec.params import Request, SamplingParams
 from .._exec.plan import prepare
 from .._trust.options import ModelOptions
@@ -101,7 +102,7 @@ def run(
     task: Task = "generate",
     trust_remote_code: bool = False,
     lock: Lock | str | os.PathLike[str] | None = None,
-    workers: int = 2,
+    workers: int | None = None,
     start_method: Literal["spawn", "forkserver", "fork"] = "spawn",
     batch_size: int | None = None,
     max_new_tokens: int | None = None,
@@ -128,8 +129,8 @@ def run(
     ``stdout``), resuming an output that already holds some ids.
 
     ``batch_size`` fixes the inputs per batch; by default the executor groups inputs of
-    similar length into batches of a token budget (``Executor(max_batch_tokens=)``). No
-    more workers start than there are inputs (or batches of ``batch_size``). ``progress`` (default: whether ``stderr``
+    similar length into batches of a token budget (``Executor(max_batch_tokens=)``).
+    ``workers``: as ``Executor``'s (one per device by default). No more workers start than there are inputs (or batches of ``batch_size``). ``progress`` (default: whether ``stderr``
     is a terminal) draws a progress bar on ``stderr``. ``force_resume`` appends to an output
     that another model, code digest or option set produced, whose input changed under the
     same ids, or whose record is missing (refused otherwise). ``retry_errors`` runs the
@@ -151,7 +152,7 @@ def run(
     options = ModelOptions.of(locals())
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
-    if workers < 1 or (batch_size is not None and batch_size < 1):
+    if (workers is not None and workers < 1) or (batch_size is not None and batch_size < 1):
         raise ValueError("workers and batch_size must be at least 1")
     out = sys.stdout if stdout is None else stdout
     err = sys.stderr if stderr is None else stderr
@@ -189,6 +190,9 @@ def run(
     result = RunResult(total=len(items), skipped=len(done), failed=state.failed - len(retried),
                        output=None if path is None else str(path))
     remaining = [item for item in items if item.id not in done]
+    if workers is None:  # one per device: a CPU machine gets one worker with all its cores
+        workers = layout(plan.device, backend, None, None, cpus=cpus(),
+                         devices=devices(plan.device, backend))[0]
     bar = Progress(len(remaining), err, enabled=show)
     started = False  # the workers answer: a run stopped from now on is summarized too
     try:

@@ -33,6 +33,7 @@ from .._trust.decide import record
 from .._trust.options import ModelOptions
 from .batching import batch_limits, estimate_tokens, fixed_batches, plan_batches
 from .checks import check_main_guard
+from .layout import cpus, device_for, devices, layout
 from .params import GenerateResult, Request, SamplingParams, group_key, resolve
 from .plan import Plan, prepare
 from .scheduler import STREAM_DEPTH, Batch, Call, Outcome, Scheduler
@@ -81,6 +82,10 @@ class Executor:
     with ``start_method``: seconds saved per worker, and each still loads and verifies
     the code itself.
 
+    ``workers`` (default: one per device; a CPU machine gets one worker with all its
+    cores, two Ray actors; ``_layout``) and ``threads_per_worker`` (default: the cores
+    shared out) say how the work is spread.
+
     Batches: ``batch_size`` fixes the inputs per batch; by default inputs of similar length
     are batched together, ``max_batch_tokens`` padded tokens a batch (``_batching``).
     ``generate_path``: ``"auto"`` (on CPU the decode loop, ``decode.py``, when a probe shows
@@ -110,7 +115,7 @@ class Executor:
         self,
         model: str | os.PathLike[str] | Plan,
         *,
-        workers: int = 2,
+        workers: int | None = None,
         start_method: StartMethod = "spawn",
         device: str = "cpu",
         dtype: str | Any | None = None,
@@ -136,8 +141,6 @@ class Executor:
         code_revision: str | None = None,
     ) -> None:
         options = ModelOptions.of(locals())
-        if workers < 1:
-            raise ValueError("workers must be at least 1")
         if generate_path not in ("auto", "decode", "continuous", "batched"):
             raise ValueError(f"generate_path must be 'auto', 'decode', 'continuous' or 'batched', "
                              f"got {generate_path!r}")
@@ -148,6 +151,9 @@ class Executor:
             model, options, tasks=preload, device=device, dtype=dtype, digest=digest,
             local_device=backend == "local")
         bundle, decision, device, dtype = plan.bundle, plan.decision, plan.device, plan.dtype
+        workers, threads = layout(device, backend, workers, threads_per_worker,
+                                  cpus=cpus(), devices=devices(device, backend),
+                                  ray_cpus=(ray_resources or {}).get("num_cpus", 1))
         if decision.lock is not None:
             # The parent unpickles its workers' replies (results, errors of classes the
             # model defines): it must refuse what its workers would refuse, from now on,
@@ -166,12 +172,9 @@ class Executor:
         self.batch_timeout = batch_timeout
         self.warm = warm
         self.backend = backend
-        cpus = (ray_resources or {}).get("num_cpus", 1) if backend == "ray" else (
-            (os.cpu_count() or 1) // workers)
-        threads = threads_per_worker or max(1, int(cpus))
         specs = [
             WorkerSpec(self.model, plan.for_workers(),
-                       device if backend == "ray" else _device_for(device, slot), dtype, threads,
+                       device if backend == "ray" else device_for(device, slot), dtype, threads,
                        plan.tasks, self.digest, generate_path, code=plan.code_folder)
             for slot in range(workers)
         ]
@@ -483,11 +486,3 @@ def _grouped(requests: Sequence[Any], defaults: SamplingParams | None, size: int
             batches += [[members[j] for j in batch] for batch in plan(lengths)]
     return batches
 
-
-def _device_for(device: str, slot: int) -> str:
-    if device == "cuda":
-        import torch
-
-        count = torch.cuda.device_count()
-        return f"cuda:{slot % count}" if count else "cpu"
-    return device

@@ -171,6 +171,8 @@ class _Engine:
         torch.set_num_threads(max(1, spec.threads))
         self.spec = spec
         self.models: dict[str, Any] = {}
+        #: Linear layers packed for oneDNN, per model (``packing.py``; CPU only).
+        self.packed: dict[str, int] = {}
         self._accepted: dict[int, tuple[set[str], bool]] = {}
         #: (path, why) once the generate model is built: see ``_generation.choose_path``.
         self.generate_path: tuple[str, str] | None = None
@@ -232,6 +234,10 @@ class _Engine:
         (``generation.choose_path``, which needs the tokenizer's pad token)."""
         key = "AutoModel" if kind == "embed" else "AutoModelForCausalLM"
         self.models[key] = model.to(self.spec.device).eval()
+        if self.spec.device.split(":")[0] == "cpu" and _settings.cpu_pack_enabled():
+            from .packing import pack_linears
+
+            self.packed[key] = pack_linears(self.models[key])
         if kind == "generate":
             from .generation import choose_path
             from .stream import choose
@@ -246,7 +252,8 @@ class _Engine:
     def info(self) -> dict[str, Any]:
         """What the ready message tells the parent: classes, and how ``generate`` runs."""
         path, why = self.generate_path or (None, "generate is not preloaded")
-        return {"classes": sorted(self.classes), "generate_path": path, "generate_reason": why}
+        return {"classes": sorted(self.classes), "generate_path": path, "generate_reason": why,
+                "packed_linears": sum(self.packed.values())}
 
     def _encode(self, texts: list[str], *, left: bool, model: Any) -> tuple[Any, Any]:
         """Model inputs (only those ``forward`` takes), and the attention mask."""

@@ -1,0 +1,74 @@
+"""CPU Linear layers packed once for oneDNN (``_exec/packing.py``): the same model, faster.
+
+Runs in this process on a tiny random Llama; ``test_decode.py`` checks that an executor's
+worker packs its model and still gives ``generate``'s greedy tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+
+from codeferry._exec.decode import RowOptions, decode
+from codeferry._exec.packing import pack_linears
+
+torch = pytest.importorskip("torch")
+
+from test_decode import EOS, tiny_llama  # noqa: E402  (after importorskip)
+
+DTYPES = ["float32"] + (["bfloat16"] if torch.ops.mkldnn._is_mkldnn_bf16_supported() else [])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_packed_model_gives_the_same_logits_and_greedy_tokens(dtype: str) -> None:
+    plain, packed = tiny_llama().to(getattr(torch, dtype)), tiny_llama().to(getattr(torch, dtype))
+    assert pack_linears(packed) == 2 * 7 + 1  # q, k, v, o, gate, up, down; the head
+    assert all("forward" in vars(m) for m in packed.modules() if type(m) is torch.nn.Linear)
+    ids = torch.tensor([[1, 5, 9, 33, 70, 2], [1, 44, 8, 90, 12, 19]])
+    with torch.inference_mode():
+        want, got = plain(ids).logits.float(), packed(ids).logits.float()
+    rounding = 1e-4 if dtype == "float32" else 2e-2
+    assert (got - want).abs().max() <= rounding * want.abs().max()
+    if dtype == "float32":
+        prompts = [[1, 5, 9, 33], [1, 44, 8], [1, 7, 7, 7, 7, 60]]
+        options = [RowOptions(30, (EOS,))] * len(prompts)
+        assert decode(packed, prompts, options, pad_token_id=0) == decode(
+            plain, prompts, options, pad_token_id=0)
+
+
+def test_training_and_other_dtypes_take_f_linear() -> None:
+    model = tiny_llama()
+    pack_linears(model)
+    ids = torch.tensor([[1, 5, 9, 33]])
+    model(ids).logits.sum().backward()  # autograd on: F.linear, so gradients reach weights
+    assert model.lm_head.weight.grad is not None
+    layer = model.model.layers[0].mlp.up_proj
+    with torch.inference_mode(), pytest.raises(RuntimeError):
+        layer(torch.ones(2, 64, dtype=torch.float64))  # F.linear's own refusal, not oneDNN's
+
+
+class Scaled(torch.nn.Linear):
+    def forward(self, x: Any) -> Any:
+        return super().forward(x) * 2
+
+
+def test_subclasses_hooked_modules_and_other_devices_stay_as_they_are() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), Scaled(8, 8), torch.nn.Linear(8, 8),
+                                torch.nn.Linear(8, 8).half())
+    hooked = model[2]
+    hooked.forward = functools.partial(torch.nn.Linear.forward, hooked)  # as accelerate does
+    assert pack_linears(model) == 1
+    assert "forward" in vars(model[0]) and "forward" not in vars(model[1])
+    assert isinstance(vars(hooked)["forward"], functools.partial)
+    assert "forward" not in vars(model[3])  # float16: not packed
+    assert pack_linears(torch.nn.Sequential(torch.nn.ReLU())) == 0
+
+
+def test_the_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    from codeferry import _settings
+
+    assert _settings.cpu_pack_enabled()
+    monkeypatch.setenv("CODEFERRY_CPU_PACK", "0")
+    assert not _settings.cpu_pack_enabled()
