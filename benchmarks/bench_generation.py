@@ -33,7 +33,8 @@ Ways: vLLM CPU (``LLM`` defaults but the dtype: it is given the model's, where i
 default would run a float32 model in bfloat16; ``VLLM_CPU_KVCACHE_SPACE=1``), vLLM's
 Transformers backend (``model_impl="transformers"``), both in ``--vllm-python``
 (``_vllm_generation.py``: one served engine each, started alone so that its start-up is
-timed alone, then kept for every workload); ``codeferry.Executor`` at its defaults and
+timed alone, then kept for every workload, and stopped with SIGSTOP between its own calls,
+since an idle engine still polls for work); ``codeferry.Executor`` at its defaults and
 other settings; a plain transformers loop (``generate`` on batches of 8 in input order, 2
 threads). Every way: a warm-up call, then ``--reps`` rounds in which every way makes one
 timed call (medians): all ways, vLLM's included, are interleaved, so a ratio compares calls
@@ -51,6 +52,7 @@ from __future__ import annotations
 
 # Only the standard library at module level: spawned workers import this file as __mp_main__.
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -247,7 +249,8 @@ def plain_way(path: str, prompts: list[str], options: dict[str, Any]) -> Way:
 class VllmEngine:
     """One served vLLM engine (``_vllm_generation.py``) in ``--vllm-python``, in its own
     process group: started alone (its start-up is timed with nothing else running), then
-    called between codeferry's calls, so every rep runs every way under the same load."""
+    called between codeferry's calls, so every rep runs every way under the same load; its
+    processes are stopped between its own calls (``pause``)."""
 
     LABELS: ClassVar[dict[str, str]] = {
         "auto": "vLLM CPU (LLM defaults)", "transformers": 'vLLM CPU, model_impl="transformers"'}
@@ -278,6 +281,23 @@ class VllmEngine:
         self.startup_s = hello.get("startup_s")
         if "error" in hello:
             self.fail(hello["error"])
+        self.pause()
+
+    def pause(self) -> None:
+        """Stop the engine's processes (SIGSTOP) between its own calls. Idle, its processes
+        still poll for work for seconds after a call (about 10% of a core measured later,
+        more just after one); a way timed next would share the cores with them, and threads
+        that meet at a barrier per op lose most."""
+        import signal
+
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.child.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        import signal
+
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.child.pid, signal.SIGCONT)
 
     def fail(self, error: str) -> None:
         self.error = error
@@ -289,17 +309,22 @@ class VllmEngine:
             return None
 
         def call() -> tuple[list[str], float]:
+            self.resume()
             begin = time.perf_counter()
             self.conn.send({"prompts": prompts, "params": params})
             reply = self.conn.recv()
+            elapsed = time.perf_counter() - begin
+            self.pause()
             if "error" in reply:
                 raise RuntimeError(f"vLLM ({self.impl}): {reply['error']}")
-            elapsed = time.perf_counter() - begin
             return reply["texts"], elapsed  # nothing comes back before the call ends
 
         def peak() -> list[int]:
+            self.resume()
             self.conn.send({"peak": True})
-            return list(self.conn.recv()["peak_rss"].values())
+            peaks = list(self.conn.recv()["peak_rss"].values())
+            self.pause()
+            return peaks
 
         return Way(self.LABELS[self.impl], call, self.startup_s, peak=peak,
                    note="one engine, every prompt in one generate call")
@@ -308,6 +333,7 @@ class VllmEngine:
         import signal
 
         try:
+            self.resume()
             self.conn.send({"stop": True})
         except OSError:
             pass

@@ -383,8 +383,8 @@ def _add_run(sub: _Commands) -> argparse.ArgumentParser:
                      help="JSONL results; an existing file is resumed (default: stdout)")
     _trust_options(run.add_mutually_exclusive_group())
     run.add_argument("--task", choices=["generate", "embed", "score"], default="generate")
-    _worker_options(run, workers_help="worker processes (default: one per device, a CPU "
-                    "machine's with all its cores; never more than batches)")
+    _worker_options(run, workers_help="worker processes (default: 2 on CPU, 1 on a 1-core machine, "
+                    "one per GPU; never more than batches)")
     run.add_argument("--batch-size", type=int, metavar="B",
                      help="inputs per batch (default: 8, fewer to give every worker a batch)")
     run.add_argument("--max-new-tokens", "--max-tokens", type=int, metavar="K",

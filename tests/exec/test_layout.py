@@ -8,9 +8,10 @@ from codeferry._exec.layout import RAY_WORKERS, cpus, layout
 
 
 @pytest.mark.parametrize(("device", "cores", "want"), [
-    ("cpu", 2, (1, 2)), ("cpu", 16, (1, 16)), ("cpu", 1, (1, 1)), ("mps", 8, (1, 8)),
+    ("cpu", 2, (2, 1)), ("cpu", 16, (2, 8)), ("cpu", 3, (2, 1)), ("cpu", 1, (1, 1)),
+    ("mps", 8, (2, 4)),
 ])
-def test_a_cpu_machine_gets_one_worker_with_all_its_cores(device: str, cores: int,
+def test_a_cpu_machine_gets_two_workers_sharing_its_cores(device: str, cores: int,
                                                          want: tuple[int, int]) -> None:
     assert layout(device, "local", None, None, cpus=cores) == want
 

@@ -130,7 +130,8 @@ def run(
 
     ``batch_size`` fixes the inputs per batch; by default the executor groups inputs of
     similar length into batches of a token budget (``Executor(max_batch_tokens=)``).
-    ``workers``: as ``Executor``'s (one per device by default). No more workers start than there are inputs (or batches of ``batch_size``). ``progress`` (default: whether ``stderr``
+    ``workers``: as ``Executor``'s default when not given. No more workers start than there
+    are inputs (or batches of ``batch_size``). ``progress`` (default: whether ``stderr``
     is a terminal) draws a progress bar on ``stderr``. ``force_resume`` appends to an output
     that another model, code digest or option set produced, whose input changed under the
     same ids, or whose record is missing (refused otherwise). ``retry_errors`` runs the
@@ -190,7 +191,7 @@ def run(
     result = RunResult(total=len(items), skipped=len(done), failed=state.failed - len(retried),
                        output=None if path is None else str(path))
     remaining = [item for item in items if item.id not in done]
-    if workers is None:  # one per device: a CPU machine gets one worker with all its cores
+    if workers is None:  # the executor's default (layout.py)
         workers = layout(plan.device, backend, None, None, cpus=cpus(),
                          devices=devices(plan.device, backend))[0]
     bar = Progress(len(remaining), err, enabled=show)

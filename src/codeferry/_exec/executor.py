@@ -82,9 +82,9 @@ class Executor:
     with ``start_method``: seconds saved per worker, and each still loads and verifies
     the code itself.
 
-    ``workers`` (default: one per device; a CPU machine gets one worker with all its
-    cores, two Ray actors; ``_layout``) and ``threads_per_worker`` (default: the cores
-    shared out) say how the work is spread.
+    ``workers`` (default: two sharing a CPU machine's cores, one on a one-core machine; one
+    per visible GPU; two Ray actors: ``_layout``) and ``threads_per_worker`` (default: the
+    cores shared out) say how the work is spread.
 
     Batches: ``batch_size`` fixes the inputs per batch; by default inputs of similar length
     are batched together, ``max_batch_tokens`` padded tokens a batch (``_batching``).

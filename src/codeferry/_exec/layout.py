@@ -1,18 +1,21 @@
 """How many workers an executor starts, and how many threads each: one decision.
 
-Decoding reads every weight of the model once per step, for all the rows of the batch at
-once. On a CPU, one worker with every core reads them once per step; two workers with half
-the cores each read them twice, each for half the rows, and a small-batch matrix multiply
-is bound by those reads. So a CPU machine gets one worker with all its cores, as vLLM runs
-one engine. Measured with ``benchmarks/bench_generation.py`` (2 cores, a 71M Llama, 32
-prompts, up to 128 new tokens, outputs that end at their own lengths; ratios to vLLM CPU in
-one run): one worker of 2 threads against two of one thread, greedy float32 1.06x against
-0.90x, greedy bfloat16 0.82x against 0.62x, 16 forced tokens bfloat16 0.75x against 0.44x.
+A CPU machine gets two workers (one on a one-core machine), the cores shared between them.
+Decoding reads every weight once per step for all the rows of a batch, so one worker with
+every core reads the weights half as often as two; but a worker of several threads meets
+its threads at a barrier in every op, and anything else running on the machine (the
+parent, another program) stalls all of them at once, where single-threaded workers just
+share the cores. Measured with ``benchmarks/bench_generation.py`` (2 cores, a 71M Llama, 32
+prompts, up to 128 new tokens ending at their own lengths; ratios to vLLM CPU, both
+layouts in one run, 2026-12-02), one worker of 2 threads against two of one thread:
+float32 greedy 1.23x against 1.07x, 16 forced tokens 1.10x against 1.04x; bfloat16 greedy
+0.82x against 0.85x, 16 forced tokens 0.63x against 0.99x (0.95x against 1.00x with no
+vLLM engine in the run). Neither wins everywhere; two workers never fall far, so they stay.
 
 An accelerator: one worker per visible device (more would share a device's memory).
-Ray: two actors, as before; the cluster's shape is not known until it is reached, so
-``workers`` and ``ray_resources`` say it. ``workers=N`` always wins; the threads are then
-the cores shared out (at least one each).
+Ray: two actors; the cluster's shape is not known until it is reached, so ``workers`` and
+``ray_resources`` say it. ``workers=N`` always wins; the threads are then the cores shared
+out (at least one each).
 
 ``layout`` is pure: counts in, counts out. What it is given is asked at the edge, below:
 ``cpus`` (the cores this process may use), ``devices`` (the accelerators visible, asked
@@ -23,10 +26,11 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["RAY_WORKERS", "cpus", "device_for", "devices", "layout"]
+__all__ = ["CPU_WORKERS", "RAY_WORKERS", "cpus", "device_for", "devices", "layout"]
 
-#: Actors a Ray executor starts when ``workers`` is not given.
-RAY_WORKERS = 2
+#: Workers on a CPU machine (at most one a core), and actors a Ray executor starts, when
+#: ``workers`` is not given.
+CPU_WORKERS = RAY_WORKERS = 2
 
 
 def layout(device: str, backend: str, workers: int | None, threads: int | None, *,
@@ -40,7 +44,12 @@ def layout(device: str, backend: str, workers: int | None, threads: int | None, 
         count = workers or RAY_WORKERS
         return count, threads or max(1, int(ray_cpus))
     accelerator = device.split(":")[0] not in ("cpu", "mps")
-    count = workers or (max(1, devices) if accelerator and ":" not in device else 1)
+    if workers is not None:
+        count = workers
+    elif accelerator:
+        count = max(1, devices) if ":" not in device else 1
+    else:
+        count = max(1, min(CPU_WORKERS, cpus))
     return count, threads or max(1, cpus // count)
 
 
