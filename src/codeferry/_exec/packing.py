@@ -77,19 +77,25 @@ def pack_linears(model: Any) -> int:
     """Pack ``model``'s eligible Linear layers in place; how many were packed."""
     import torch
 
-    if not torch.backends.mkldnn.is_available() or not hasattr(
-            torch.ops.mkldnn, "_reorder_linear_weight"):
+    available = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+    if not available or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
         return 0
     dtypes: tuple[Any, ...] = (torch.float32,)
-    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    bf16 = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    if bf16 is not None and bf16():
         dtypes += (torch.bfloat16,)
-    modules = [m for m in model.modules() if _eligible(m, dtypes)]
-    if not modules:
+    packed: list[_Packed] = []
+    for module in model.modules():
+        if _eligible(module, dtypes):
+            try:
+                packed.append(_Packed(module))
+            except RuntimeError:  # a layout oneDNN refuses: that module keeps F.linear
+                continue
+    if not packed:
         return 0
-    packed = [_Packed(m) for m in modules]
     first = {p.module.weight.dtype: p for p in reversed(packed)}  # each dtype's first module
     if not all(_agrees(p) for p in first.values()):
         return 0
-    for module, forward in zip(modules, packed, strict=True):
-        module.forward = forward
+    for forward in packed:
+        forward.module.forward = forward
     return len(packed)
