@@ -1,7 +1,7 @@
 """Generation that looks like a real batch job: codeferry's ways against vLLM CPU, one run.
 
 The model: a random-weight Llama (``--size``: ``70m`` is hidden 512, 12 layers, 8 heads,
-70M parameters; ``200m`` hidden 1024, 12 layers, 16 heads, 215M; saved in ``--dtype``,
+70M parameters; ``200m`` hidden 1024, 12 layers, 16 heads, 217M; saved in ``--dtype``,
 float32 or bfloat16, the dtype real checkpoints of this size ship in) over a word-level
 tokenizer of 32,000 words (``tokenizers``' ``WordLevel``: one token a word, so a text's
 token count is its word count, the same for every way) with a chat template
