@@ -72,3 +72,19 @@ def test_the_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _settings.cpu_pack_enabled()
     monkeypatch.setenv("CODEFERRY_CPU_PACK", "0")
     assert not _settings.cpu_pack_enabled()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_inputs_of_any_shape_and_stride_give_f_linears_product(dtype: str) -> None:
+    packed = torch.nn.Linear(64, 48).to(getattr(torch, dtype))
+    plain = torch.nn.Linear(64, 48).to(getattr(torch, dtype))
+    plain.load_state_dict(packed.state_dict())
+    assert pack_linears(torch.nn.Sequential(packed)) == 1
+    inputs = [torch.randn(64, 5, 3).permute(1, 2, 0), torch.randn(7, 128)[:, ::2],
+              torch.randn(2, 3, 4, 64), torch.randn(0, 64), torch.randn(64)]
+    rounding = 1e-5 if dtype == "float32" else 2e-2
+    with torch.inference_mode():
+        for x in (i.to(getattr(torch, dtype)) for i in inputs):
+            got, want = packed(x).float(), plain(x).float()
+            assert got.shape == want.shape
+            assert got.numel() == 0 or (got - want).abs().max() <= rounding * want.abs().max()
