@@ -184,12 +184,17 @@ def test_executor_defaults_decode_in_workers_with_generates_tokens(
         short_done = time.monotonic()
         reader.join()
         alone = ex.generate([texts[7]], seeded)[0]
+        # logprobs: a batch the loop does not do, answered by complete on the stream's plan
+        logged = ex.generate([texts[9]], codeferry.SamplingParams(max_tokens=3, logprobs=1))[0]
     assert len(arrived) == 4 and short_done < max(arrived)
     for part, whole in zip(short, got[4:6], strict=True):
         assert whole.split()[:len(part.split())] == part.split()  # greedy: the first tokens
     assert list(results[0].completions[0].token_ids) == generated(
         model, tokenizer(texts[6])["input_ids"], RowOptions(2, (EOS,)))
     assert alone.completions == results[1].completions  # its own seed: its own tokens
+    assert list(logged.completions[0].token_ids) == generated(
+        model, tokenizer(texts[9])["input_ids"], RowOptions(3, (EOS,)))
+    assert logged.completions[0].logprobs is not None
     expected = []
     for text in texts:
         ids = tokenizer(text)["input_ids"]

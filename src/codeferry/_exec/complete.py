@@ -129,9 +129,10 @@ def plan(engine: Any, requests: Sequence[Request], defaults: SamplingParams | No
 
 
 def complete(engine: Any, requests: Sequence[Request], defaults: SamplingParams | None,
-             chat_template: str | None) -> list[GenerateResult]:
-    """One ``GenerateResult`` per request, in order (see the module docstring)."""
-    planned = plan(engine, requests, defaults, chat_template)
+             chat_template: str | None, planned: Planned | None = None) -> list[GenerateResult]:
+    """One ``GenerateResult`` per request, in order (see the module docstring);
+    ``planned``: the batch already planned (``plan``: a stream that did not take it)."""
+    planned = planned or plan(engine, requests, defaults, chat_template)
     model = engine.model_for("generate")
     for members in planned.groups:
         planned.fill(engine.tokenizer, members, _generate(

@@ -267,7 +267,7 @@ class Executor:
     def _plan(self, lengths: Sequence[int], *, generating: bool = True) -> list[list[int]]:
         budget, spread = self.max_batch_tokens, len(self._scheduler.specs) * PIPELINE
         size = self.max_batch_size
-        if generating and self._decoding("streams"):
+        if generating and self._decoding(streams=True):
             # engine (issue 20): each worker merges the batches in its pipe into one decode
             # loop (stream.py), STREAM_DEPTH at a time: small batches keep its rows full, and
             # come back one by one as their rows end (a first result long before the last).
@@ -282,12 +282,12 @@ class Executor:
         return plan_batches(lengths, max_batch_tokens=budget, max_batch_size=size,
                             window=BATCH_WINDOW, spread=spread)
 
-    def _decoding(self, streams: str = "") -> bool:
+    def _decoding(self, *, streams: bool = False) -> bool:
         """Whether every worker generates with the decode loop (``decode.py``), and with
-        ``streams="streams"`` merges its batches into one loop (``stream.py``)."""
+        ``streams`` merges its batches into one loop (``stream.py``)."""
         info = self._scheduler.info()
         return bool(info) and all(i.get("generate_path") == "decode" and
-                                  (not streams or i.get(streams)) for i in info)
+                                  (not streams or i.get("streams")) for i in info)
 
     def _submit(self, kind: str, inputs: Sequence[Any], extra: dict[str, Any],
                 batch_size: int | None, *, stream: bool) -> Call:

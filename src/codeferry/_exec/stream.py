@@ -49,15 +49,15 @@ class Stream:
         return True
 
     def take_complete(self, request_id: int, worker: Any, requests: list[Any], defaults: Any,
-                      chat_template: str | None) -> bool:
+                      chat_template: str | None) -> Planned | None:
         """Join the loop with a ``complete`` batch (``complete.plan``: its groups become the
-        loop's); ``False`` when a group is one the loop does not do (the caller answers the
-        batch with ``complete``, after ``drain``)."""
+        loop's): ``None``. When a group is one the loop does not do, the batch as planned:
+        the caller answers it with ``complete`` on that plan, once the loop has drained."""
         planned = plan(worker, requests, defaults, chat_template)
         looped = [loop_rows(worker, [planned.resolved[i] for i in members], planned.ends)
                   for members in planned.groups]
         if any(rows is None for rows in looped):
-            return False
+            return planned
         engine = self._engine()
         self.left[request_id] = len(planned.groups)
         for members, rows in zip(planned.groups, looped, strict=True):
@@ -67,7 +67,7 @@ class Stream:
         if not planned.groups:
             del self.left[request_id]
             self._empty.append(request_id)
-        return True
+        return None
 
     def _engine(self) -> Engine:
         if self.engine is None:

@@ -315,11 +315,12 @@ class _Engine:
         new = out[:, enc["input_ids"].shape[1]:]
         return [str(self.tokenizer.decode(row, skip_special_tokens=True)) for row in new]
 
-    def complete(self, requests: list[Any], defaults: Any, chat_template: str | None) -> list[Any]:
+    def complete(self, requests: list[Any], defaults: Any, chat_template: str | None,
+                 planned: Any = None) -> list[Any]:
         """``Request`` values -> ``GenerateResult`` values: see ``complete``."""
         from .complete import complete
 
-        return complete(self, requests, defaults, chat_template)
+        return complete(self, requests, defaults, chat_template, planned)
 
     def embed(self, texts: list[str], pooling: str) -> list[list[float]]:
         import torch
@@ -422,12 +423,14 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
             request_id, kind, payload = conn.recv()
         except (EOFError, OSError):
             return  # the parent closed our pipe: shut down
+        planned = None  # a complete batch the stream planned and did not take
         if stream is not None and kind in ("generate", "complete"):
             try:
                 request = _unpack(payload)
                 if kind == "complete":
-                    taken = stream.take_complete(request_id, engine, request["texts"],
-                                                 request["defaults"], request["chat_template"])
+                    planned = stream.take_complete(request_id, engine, request["texts"],
+                                                   request["defaults"], request["chat_template"])
+                    taken = planned is None
                 else:
                     taken = stream.take(request_id, request["texts"], engine.generate_options(
                         engine.model_for("generate"), request["options"]))
@@ -440,11 +443,12 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
             step()
         if kind == "stop":
             return
-        conn.send((request_id, *handle(engine, kind, payload)))
+        conn.send((request_id, *handle(engine, kind, payload, planned)))
 
 
-def handle(engine: _Engine, kind: str, payload: Any) -> tuple[str, Any]:
-    """One request: ``("ok", pickled result)`` or ``("error", error payload)``.
+def handle(engine: _Engine, kind: str, payload: Any, planned: Any = None) -> tuple[str, Any]:
+    """One request: ``("ok", pickled result)`` or ``("error", error payload)``; ``planned``:
+    a ``complete`` batch already planned (``Stream.take_complete``).
 
     The result travels pickled on its own, like the request: the parent unpickles it
     knowing which request it answers, so a result it refuses (code its lock does not
@@ -456,7 +460,7 @@ def handle(engine: _Engine, kind: str, payload: Any) -> tuple[str, Any]:
             result: Any = engine.generate(payload["texts"], payload["options"])
         elif kind == "complete":
             result = engine.complete(payload["texts"], payload["defaults"],
-                                     payload["chat_template"])
+                                     payload["chat_template"], planned)
         elif kind == "embed":
             result = engine.embed(payload["texts"], payload["pooling"])
         elif kind == "score":
