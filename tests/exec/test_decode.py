@@ -149,13 +149,11 @@ def test_rows_are_bounded_by_the_kv_budget(model: Any) -> None:
     assert rows_for(model, 100) == 64
 
 
-@pytest.mark.parametrize("start_method", ["spawn", "forkserver", "fork"])
-def test_executor_defaults_decode_in_workers_with_generates_tokens(
-        tmp_path_factory: pytest.TempPathFactory, start_method: str) -> None:
+def llama_folder(path: Any) -> tuple[Any, Any]:
+    """``tiny_llama`` saved in ``path`` with a word-level tokenizer: (model, tokenizer)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    path = tmp_path_factory.mktemp("decode") / "llama"
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2} | {f"w{i}": i + 3 for i in range(117)}
     inner = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     inner.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -163,6 +161,14 @@ def test_executor_defaults_decode_in_workers_with_generates_tokens(
     model = tiny_llama()
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
+    return model, tokenizer
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver", "fork"])
+def test_executor_defaults_decode_in_workers_with_generates_tokens(
+        tmp_path_factory: pytest.TempPathFactory, start_method: str) -> None:
+    path = tmp_path_factory.mktemp("decode") / "llama"
+    model, tokenizer = llama_folder(path)
     texts = [" ".join(f"w{(i * 7 + j) % 100 + 8}" for j in range(2 + i % 9)) for i in range(12)]
     with codeferry.Executor(path, start_method=start_method, preload=("generate",)) as ex:
         # two workers on a CPU machine (layout.py), their Linear layers packed (packing.py)

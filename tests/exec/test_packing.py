@@ -16,7 +16,7 @@ from codeferry._exec.packing import pack_linears
 
 torch = pytest.importorskip("torch")
 
-from test_decode import EOS, tiny_llama  # noqa: E402  (after importorskip)
+from test_decode import EOS, generated, llama_folder, tiny_llama  # noqa: E402  (after importorskip)
 
 DTYPES = ["float32"] + (["bfloat16"] if torch.ops.mkldnn._is_mkldnn_bf16_supported() else [])
 
@@ -66,12 +66,21 @@ def test_subclasses_hooked_modules_and_other_devices_stay_as_they_are() -> None:
     assert pack_linears(torch.nn.Sequential(torch.nn.ReLU())) == 0
 
 
-def test_the_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_switch_turns_it_off_in_the_workers(monkeypatch: pytest.MonkeyPatch,
+                                                tmp_path: Any) -> None:
+    import codeferry
     from codeferry import _settings
 
     assert _settings.cpu_pack_enabled()
     monkeypatch.setenv("CODEFERRY_CPU_PACK", "0")
     assert not _settings.cpu_pack_enabled()
+    model, tokenizer = llama_folder(tmp_path / "llama")
+    # a spawned worker reads it from the environment it starts with; generate's tokens still
+    with codeferry.Executor(tmp_path / "llama", workers=1, preload=("generate",)) as ex:
+        assert ex.worker_info[0]["packed_linears"] == 0, ex.worker_info[0]
+        got = ex.generate(["w9 w20 w31"], max_new_tokens=5)[0]
+    want = generated(model, tokenizer("w9 w20 w31")["input_ids"], RowOptions(5, (EOS,)))
+    assert got == tokenizer.decode(want, skip_special_tokens=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
