@@ -108,6 +108,11 @@ SETTINGS: tuple[Setting, ...] = (
         "`0` leaves a CPU worker's Linear layers as they are; on, their weights are packed once for oneDNN when the model is built (faster decoding, the weights' memory once more; see the executor page)",
     ),
     Setting(
+        ("CODEFERRY_CPU_FLOAT32_ATTENTION",),
+        "on",
+        "`0` keeps a bfloat16 or float16 model's decode attention in its own dtype on a CPU worker; on, the decode loop stores keys and values in float32 and attends in float32 there (faster on CPU, the cache twice the bytes; see the executor page)",
+    ),
+    Setting(
         ("CODEFERRY_LOCK",),
         "unset",
         "a lock file every process enforces: every vLLM process, and under `codeferry exec --lock` (or `CODEFERRY_INSTALL=1`) every Python process of the command",
@@ -247,6 +252,12 @@ def vllm_plugin_enabled() -> bool:
 def cpu_pack_enabled() -> bool:
     """Whether ``CODEFERRY_CPU_PACK`` leaves CPU workers' weight packing on (the default)."""
     return (os.environ.get("CODEFERRY_CPU_PACK") or "1").strip().upper() not in _FALSE
+
+
+def cpu_float32_attention() -> bool:
+    """Whether ``CODEFERRY_CPU_FLOAT32_ATTENTION`` leaves the decode loop's float32 attention
+    on for half-precision models on CPU (the default)."""
+    return (os.environ.get("CODEFERRY_CPU_FLOAT32_ATTENTION") or "1").strip().upper() not in _FALSE
 
 
 def lock_file() -> str | None:

@@ -34,6 +34,8 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
+from .attention import cache_dtype
+
 __all__ = ["Engine", "RowOptions", "decode", "ids", "row_options", "rows_for", "supports"]
 
 #: ``generate`` options the loop honours; any other sends a call to ``generate``.
@@ -111,7 +113,8 @@ def rows_for(model: Any, longest: int, kv_budget: int = KV_BUDGET,
     config = model.config.get_text_config()
     heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
     dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
-    size = next(model.parameters()).element_size()
+    stored = cache_dtype(model)
+    size = stored.itemsize if stored is not None else next(model.parameters()).element_size()
     per_row = 2 * int(config.num_hidden_layers) * heads * dim * size * max(1, longest)
     return int(max(1, min(max_rows, kv_budget // per_row)))
 
@@ -124,11 +127,13 @@ def _layer_class() -> Any:
         """A ``DynamicLayer`` over a preallocated buffer: ``update`` writes in place."""
 
         capacity = 0
+        #: The dtype keys and values are stored in (``attention.cache_dtype``), else theirs.
+        store: Any = None
 
         def update(self, key_states: Any, value_states: Any, *args: Any,
                    **kwargs: Any) -> tuple[Any, Any]:
             if not self.is_initialized:
-                self.dtype, self.device = key_states.dtype, key_states.device
+                self.dtype, self.device = self.store or key_states.dtype, key_states.device
                 self.is_initialized = True
                 self.length = 0
                 shape = (*key_states.shape[:2], max(self.capacity, key_states.shape[-2]),
@@ -175,8 +180,8 @@ def _layer_class() -> Any:
 class _Batch:
     """The rows being decoded: their cache, attention mask, positions and tokens so far."""
 
-    def __init__(self, model: Any, layer: Any) -> None:
-        self.model, self.layer = model, layer
+    def __init__(self, model: Any, layer: Any, store: Any = None) -> None:
+        self.model, self.layer, self.store = model, layer, store
         self.cache: Any = None
         self.mask: Any = None      # [rows, cache length + 1]: the real tokens, then the next
         self.position: Any = None  # [rows, 1]: the next token's position in its row
@@ -190,7 +195,7 @@ class _Batch:
         cache = DynamicCache(config=self.model.config)
         layers = [self.layer() for _ in cache.layers]
         for layer in layers:
-            layer.capacity = capacity
+            layer.capacity, layer.store = capacity, self.store
         cache.layers = layers
         return cache
 
@@ -329,7 +334,7 @@ class Engine:
     def __init__(self, model: Any, *, pad_token_id: int, max_rows: int | None = None) -> None:
         self.model, self.pad, self.max_rows = model, pad_token_id, max_rows
         self.keep = "logits_to_keep" in inspect.signature(model.forward).parameters
-        self.batch = _Batch(model, _layer_class())
+        self.batch = _Batch(model, _layer_class(), cache_dtype(model))
         self.prompts: dict[int, list[int]] = {}
         self.options: dict[int, RowOptions] = {}
         self.outputs: dict[int, list[int]] = {}

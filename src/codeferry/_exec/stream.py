@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import _settings
+from .attention import disable, enable
 from .complete import Planned, loop_rows, plan
 from .decode import Engine, RowOptions, decode, ids, row_options, supports
 
@@ -143,6 +145,11 @@ def choose(model: Any, requested: str, device: str, pad: int | None) -> tuple[st
     if requested not in ("auto", "decode") or (requested == "auto" and
                                                 not device.startswith("cpu")):
         return None
+    if device.startswith("cpu") and _settings.cpu_float32_attention() and enable(model):
+        if probe(model, 0 if pad is None else pad) is None:
+            return "decode", ("a greedy probe of the decode loop, its attention in float32, "
+                              "matched generate token for token")
+        disable(model)
     failure = probe(model, 0 if pad is None else pad)
     if failure is None:
         return "decode", "a greedy probe of the decode loop matched generate token for token"

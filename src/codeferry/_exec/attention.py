@@ -1,0 +1,89 @@
+"""Decode attention in float32 for half-precision models on CPU (the decode loop's cache).
+
+Why: PyTorch's CPU kernel for ``scaled_dot_product_attention`` in bfloat16 is slow on a
+decode step (one query a row): on a 70M Llama, 16 rows, one thread, it took 58% of each
+step, 1.6 ms a layer, against 0.4-0.6 ms in float32 over the same keys and values
+(``docs/benchmarks.md``). Converting the keys and values at every step costs most of that
+back, so the decode loop stores them in float32 (``decode._Layer``: its cache is twice the
+bytes of a bfloat16 one, and ``decode.rows_for`` counts them so) and attention runs on them
+in float32, the query cast up and the output cast back to the model's dtype. Keys and values
+are exactly what the model computed (bfloat16 values are exact in float32); only the
+attention's own sums are more precise than in bfloat16.
+
+How: transformers' public ``AttentionInterface`` (and ``AttentionMaskInterface``, for
+the masks ``sdpa`` gets) takes one more implementation, ``NAME``; it runs transformers'
+own ``sdpa_attention_forward``, after a cast when the keys are float32 and the query is
+not. A model whose modeling code calls attention through that interface
+(``_can_set_attn_implementation``) and runs ``sdpa`` is switched to it (``enable``); any
+other model is left as it is. Under ``generate`` and its ``DynamicCache`` the keys have the
+query's dtype, so nothing changes there. The worker switches a model only to probe the
+decode loop on it (``stream.choose``), and switches it back when the probe does not match.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["NAME", "cache_dtype", "disable", "enable"]
+
+#: The attention implementation's name in transformers' registries.
+NAME = "codeferry_sdpa"
+
+
+def _attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
+               **kwargs: Any) -> tuple[Any, Any]:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if key.dtype == query.dtype:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if attention_mask is not None and attention_mask.is_floating_point():
+        attention_mask = attention_mask.to(key.dtype)
+    out, weights = sdpa_attention_forward(module, query.to(key.dtype), key, value,
+                                          attention_mask, **kwargs)
+    return out.to(query.dtype), weights
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(NAME, _attention)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+
+
+def enable(model: Any) -> bool:
+    """Switch ``model`` (half precision, ``sdpa``, attention through transformers'
+    interface) to ``NAME``; whether it was switched."""
+    import torch
+
+    config = getattr(model, "config", None)
+    if (getattr(model, "dtype", None) not in (torch.bfloat16, torch.float16)
+            or getattr(config, "_attn_implementation", None) != "sdpa"):
+        return False
+    try:
+        if not model._can_set_attn_implementation():
+            return False
+        _register()
+        model.set_attn_implementation(NAME)
+    except Exception:  # noqa: BLE001 - a transformers without the interface: leave it be
+        disable(model)
+        return False
+    if config._attn_implementation != NAME:
+        disable(model)
+        return False
+    return True
+
+
+def disable(model: Any) -> None:
+    """Back to ``sdpa`` where ``enable`` switched ``model``."""
+    if getattr(model.config, "_attn_implementation", None) == NAME:
+        model.set_attn_implementation("sdpa")
+
+
+def cache_dtype(model: Any) -> Any:
+    """The dtype the decode loop stores keys and values in: float32 when ``model`` runs
+    ``NAME``, else ``None`` (the model's own)."""
+    import torch
+
+    config = getattr(model, "config", None)
+    return torch.float32 if getattr(config, "_attn_implementation", None) == NAME else None

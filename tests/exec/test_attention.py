@@ -1,0 +1,101 @@
+"""Decode attention in float32 for half-precision models on CPU (``_exec/attention.py``).
+
+The decode loop of a bfloat16 model stores keys and values in float32 and attends in
+float32; it still gives ``generate``'s greedy tokens. Runs in this process on a tiny random
+Llama; one test runs it in a real worker through ``codeferry.Executor``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import codeferry
+from codeferry._exec import attention
+from codeferry._exec.decode import Engine, RowOptions, decode, rows_for
+from codeferry._exec.stream import choose
+
+torch = pytest.importorskip("torch")
+
+from test_decode import EOS, generated, llama_folder, prompts, tiny_llama  # noqa: E402
+
+
+def half(dtype: str = "bfloat16", **extra: Any) -> Any:
+    return tiny_llama(**extra).to(getattr(torch, dtype))
+
+
+def near_greedy(model: Any, prompt: list[int], row: list[int]) -> bool:
+    """Whether each of ``row``'s tokens is greedy within the model dtype's rounding: its
+    logit in a plain forward over prompt and row (no cache) is within 2% of the largest."""
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([prompt + row[:-1]])).logits[0].float()
+    steps = logits[len(prompt) - 1:]
+    picked = steps[torch.arange(len(row)), torch.tensor(row)]
+    return bool((picked >= steps.max(-1).values - 0.02 * steps.abs().max(-1).values).all())
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_half_precision_model_attends_in_float32_and_gives_greedy_tokens(dtype: str) -> None:
+    model = half(dtype)
+    assert attention.enable(model) and model.config._attn_implementation == attention.NAME
+    batch = prompts(8, seed=11)
+    options = [RowOptions(6 + 3 * i, (EOS,)) for i in range(len(batch))]
+    got = decode(model, batch, options, pad_token_id=0, max_rows=3)  # rows leave and join
+    # generate keeps its own cache in the model's dtype: plain sdpa runs under the new name.
+    want = [generated(model, p, o) for p, o in zip(batch, options, strict=True)]
+    if dtype == "float16":
+        assert got == want
+    else:  # bfloat16's 8 bits of mantissa: where two logits round alike, another token may win
+        assert sum(g == w for g, w in zip(got, want, strict=True)) >= len(batch) - 2
+        assert all(near_greedy(model, p, g) for p, g in zip(batch, got, strict=True))
+    engine = Engine(model, pad_token_id=0)
+    engine.add(batch[:2], options[:2])
+    with torch.inference_mode():
+        engine.step()
+    layer = engine.batch.cache.layers[0]
+    assert layer.kbuf.dtype == layer.vbuf.dtype == torch.float32
+    attention.disable(model)
+    assert model.config._attn_implementation == "sdpa"
+    assert attention.cache_dtype(model) is None
+
+
+def test_float32_models_and_other_attention_are_left_as_they_are() -> None:
+    plain = tiny_llama()
+    assert not attention.enable(plain) and plain.config._attn_implementation == "sdpa"
+    eager = half(attn_implementation="eager")
+    assert not attention.enable(eager) and eager.config._attn_implementation == "eager"
+
+
+def test_the_kv_budget_counts_float32_keys() -> None:
+    model = half()
+    per_row = 2 * 2 * 2 * 16 * 2 * 100  # layers, K and V, kv heads, head dim, bf16, positions
+    assert rows_for(model, 100, kv_budget=per_row * 6) == 6
+    attention.enable(model)
+    assert rows_for(model, 100, kv_budget=per_row * 6) == 3  # float32: twice the bytes
+
+
+def test_the_worker_choice_and_its_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = half()
+    path, why = choose(model, "auto", "cpu", 0) or ("", "")
+    assert path == "decode" and "float32" in why
+    monkeypatch.setenv("CODEFERRY_CPU_FLOAT32_ATTENTION", "0")
+    other = half()
+    path, why = choose(other, "auto", "cpu", 0) or ("", "")
+    assert path == "decode" and "float32" not in why
+    assert other.config._attn_implementation == "sdpa"
+
+
+def test_a_bfloat16_worker_decodes_in_float32_with_generates_tokens(tmp_path: Any) -> None:
+    model, tokenizer = llama_folder(tmp_path / "llama")
+    model = model.to(torch.bfloat16)
+    model.save_pretrained(tmp_path / "llama")
+    texts = ["w9 w20 w31", "w40 w41", "w77 w12 w13 w14 w60"]
+    with codeferry.Executor(tmp_path / "llama", workers=1, dtype="bfloat16",
+                            preload=("generate",)) as ex:
+        info = ex.worker_info[0]
+        assert info["generate_path"] == "decode" and "float32" in info["generate_reason"], info
+        got = ex.generate(texts, max_new_tokens=12)
+    want = [tokenizer.decode(generated(model, tokenizer(t)["input_ids"], RowOptions(12, (EOS,))),
+                             skip_special_tokens=True) for t in texts]
+    assert got == want
