@@ -60,6 +60,46 @@ def test_a_half_precision_model_attends_in_float32_and_gives_greedy_tokens(dtype
     assert attention.cache_dtype(model) is None
 
 
+def cost(runs: Any, length: int, call: int) -> int:
+    return sum((b - a) * (length - c) + call for a, b, c in runs)
+
+
+def test_rows_attend_in_the_runs_that_read_least() -> None:
+    import itertools
+    import random
+
+    rng = random.Random(3)
+    for _ in range(200):
+        starts = tuple(rng.choice([0, 1, 5, 20, 40, 41, 90]) for _ in range(rng.randint(1, 7)))
+        runs = attention.spans(starts, 16)
+        assert [r[:2] for r in runs] == list(zip([0] + [b for _, b, _ in runs[:-1]],
+                                                 [b for _, b, _ in runs], strict=True))
+        assert all(c == min(starts[a:b]) for a, b, c in runs)  # every row reads all it has
+        n = len(starts)
+        best = min(cost([(a, b, min(starts[a:b])) for a, b in zip((0, *cuts), (*cuts, n))],
+                       100, 16)
+                   for k in range(n) for cuts in itertools.combinations(range(1, n), k))
+        assert cost(runs, 100, 16) == best  # the least of every cut, by brute force
+    assert attention.spans((0, 0, 3, 3)) == ((0, 4, 0),)  # not worth one more call
+    assert attention.spans((0, 0, 200, 200)) == ((0, 2, 0), (2, 4, 200))
+
+
+def test_rows_of_short_and_long_prompts_attend_apart_and_give_generates_tokens() -> None:
+    model = half("float16")
+    attention.enable(model)
+    batch = [list(range(8, 108)) + list(range(8, 108)), list(range(9, 12)), list(range(20, 24)),
+             list(range(30, 119)) * 2, list(range(40, 43))]
+    options = [RowOptions(10, (EOS,)) for _ in batch]
+    engine = Engine(model, pad_token_id=0)
+    engine.add(batch, options)
+    with torch.inference_mode():
+        engine.step()  # the prefill: rows sorted longest first
+    starts = tuple(engine.batch.mask.int().argmax(-1).tolist())
+    assert len(attention.spans(starts)) == 2, starts
+    got = decode(model, batch, options, pad_token_id=0)
+    assert got == [generated(model, p, o) for p, o in zip(batch, options, strict=True)]
+
+
 def test_float32_models_and_other_attention_are_left_as_they_are() -> None:
     plain = tiny_llama()
     assert not attention.enable(plain) and plain.config._attn_implementation == "sdpa"

@@ -11,7 +11,8 @@ model's ``forward`` itself:
 - a prefill of a group of left-padded prompts computes logits for the last position only
   (``logits_to_keep=1``), then every step feeds one token per row;
 - the cache is ``_Layer``: per layer one preallocated buffer, written in place, its
-  capacity the longest row's prompt plus its remaining new tokens;
+  capacity the longest row's prompt plus its remaining new tokens; in float32 for a
+  half-precision model whose attention ``attention.enable`` switched (faster on CPU);
 - a row that ends (its end-of-sequence, its ``max_new_tokens``) stops being computed: the
   batch is compacted (rows selected, and cache columns that only padding fills any more
   dropped) once an eighth of it has ended, so compaction copies the cache rarely;
@@ -34,7 +35,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from .attention import cache_dtype
+from .attention import SPANS, cache_dtype, spans
 
 __all__ = ["Engine", "RowOptions", "decode", "ids", "row_options", "rows_for", "supports"]
 
@@ -182,6 +183,9 @@ class _Batch:
 
     def __init__(self, model: Any, layer: Any, store: Any = None) -> None:
         self.model, self.layer, self.store = model, layer, store
+        #: Whether ``forward`` passes keywords on (to attention, where ``SPANS`` is read).
+        self.spans = any(p.kind is p.VAR_KEYWORD
+                         for p in inspect.signature(model.forward).parameters.values())
         self.cache: Any = None
         self.mask: Any = None      # [rows, cache length + 1]: the real tokens, then the next
         self.position: Any = None  # [rows, 1]: the next token's position in its row
@@ -254,9 +258,12 @@ class _Batch:
         self.mask = torch.cat([self.mask, torch.ones((self.mask.shape[0], 1),
                                                      dtype=self.mask.dtype)], dim=1)
         device = self.model.device
+        extra = {}
+        if self.store is not None and self.spans:  # float32 attention: rows attend in runs
+            extra[SPANS] = spans(tuple(self.mask.int().argmax(-1).tolist()))
         out = self.model(input_ids=self.last.to(device), attention_mask=self.mask.to(device),
                          position_ids=self.position.to(device), past_key_values=self.cache,
-                         use_cache=True)
+                         use_cache=True, **extra)
         self.position = self.position + 1
         return out.logits[:, -1, :].float()
 
