@@ -13,7 +13,8 @@ import pytest
 
 import codeferry
 from codeferry._exec import attention
-from codeferry._exec.decode import Engine, RowOptions, decode, rows_for
+from codeferry._exec.decode import (CALL_COLUMNS, Engine, RowOptions, decode, prefill_runs,
+                                    rows_for, spans)
 from codeferry._exec.stream import choose
 
 torch = pytest.importorskip("torch")
@@ -71,17 +72,23 @@ def test_rows_attend_in_the_runs_that_read_least() -> None:
     rng = random.Random(3)
     for _ in range(200):
         starts = tuple(rng.choice([0, 1, 5, 20, 40, 41, 90]) for _ in range(rng.randint(1, 7)))
-        runs = attention.spans(starts, 16)
+        runs = spans(starts)
         assert [r[:2] for r in runs] == list(zip([0] + [b for _, b, _ in runs[:-1]],
                                                  [b for _, b, _ in runs], strict=True))
         assert all(c == min(starts[a:b]) for a, b, c in runs)  # every row reads all it has
         n = len(starts)
         best = min(cost([(a, b, min(starts[a:b])) for a, b in zip((0, *cuts), (*cuts, n))],
-                       100, 16)
+                        100, CALL_COLUMNS)
                    for k in range(n) for cuts in itertools.combinations(range(1, n), k))
-        assert cost(runs, 100, 16) == best  # the least of every cut, by brute force
-    assert attention.spans((0, 0, 3, 3)) == ((0, 4, 0),)  # not worth one more call
-    assert attention.spans((0, 0, 200, 200)) == ((0, 2, 0), (2, 4, 200))
+        assert cost(runs, 100, CALL_COLUMNS) == best  # the least of every cut, by brute force
+    assert spans((0, 0, 3, 3)) == ((0, 4, 0),)  # not worth one more call
+    assert spans((0, 0, 200, 200)) == ((0, 2, 0), (2, 4, 200))
+
+
+def test_prompts_are_prefilled_in_groups_padded_to_their_own_longest() -> None:
+    assert prefill_runs([51, 50, 48, 12, 11, 10, 9, 6]) == ((0, 3), (3, 8))
+    assert prefill_runs([12, 11, 10, 9]) == ((0, 4),)  # not worth one more forward
+    assert prefill_runs([]) == ()
 
 
 def test_rows_of_short_and_long_prompts_attend_apart_and_give_generates_tokens() -> None:
@@ -95,7 +102,7 @@ def test_rows_of_short_and_long_prompts_attend_apart_and_give_generates_tokens()
     with torch.inference_mode():
         engine.step()  # the prefill: rows sorted longest first
     starts = tuple(engine.batch.mask.int().argmax(-1).tolist())
-    assert len(attention.spans(starts)) == 2, starts
+    assert len(spans(starts)) == 2, starts
     got = decode(model, batch, options, pad_token_id=0)
     assert got == [generated(model, p, o) for p, o in zip(batch, options, strict=True)]
 

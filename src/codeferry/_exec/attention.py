@@ -22,52 +22,16 @@ decode loop on it (``stream.choose``), and switches it back when the probe does 
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
-__all__ = ["NAME", "SPANS", "cache_dtype", "disable", "enable", "spans"]
+__all__ = ["NAME", "SPANS", "cache_dtype", "disable", "enable"]
 
 #: The attention implementation's name in transformers' registries.
 NAME = "codeferry_sdpa"
-
-
-#: The keyword the decode loop passes its row spans in (through the model's ``**kwargs``).
+#: The keyword the decode loop passes its runs of rows in, ``(first row, end row, first
+#: column)`` each (``decode.spans``), through the model's ``**kwargs``: each run attends
+#: apart, from the first cache column one of its rows needs.
 SPANS = "codeferry_spans"
-#: What one more attention call costs, in cache columns of one row (``spans``).
-CALL_COLUMNS = 64
-
-
-@functools.lru_cache(maxsize=64)
-def spans(starts: tuple[int, ...], call: int = CALL_COLUMNS) -> tuple[tuple[int, int, int], ...]:
-    """Rows cut into runs that attend apart: ``(first row, end row, first column)`` each.
-
-    Why: the decode loop's cache is a rectangle, each row left-padded to the longest; a
-    row whose prompt was short reads padding columns at every step and layer (on the
-    benchmark's prompts of 6 to 51 tokens, up to half the cache). A run reads from the
-    first column any of its rows needs. ``starts``: each row's first real column. The cut
-    reads least, one more run counted as ``call`` columns: a run of ``n`` rows from column
-    ``c`` reads ``n * (length - c)``, so over all runs ``rows * length - sum(n * c)``, and
-    the best cut does not depend on the length. It changes only when rows leave or join:
-    it is computed then (quadratic in the rows, a dynamic program) and remembered.
-    """
-    count = len(starts)
-    best = [0] * (count + 1)  # best[j]: the least cost of rows [0, j), the saving negated
-    cut = [0] * (count + 1)
-    for end in range(1, count + 1):
-        low, best[end] = starts[end - 1], best[end - 1] + call - starts[end - 1]
-        cut[end] = end - 1
-        for first in range(end - 2, -1, -1):
-            low = min(low, starts[first])
-            cost = best[first] + call - (end - first) * low
-            if cost < best[end]:
-                best[end], cut[end] = cost, first
-    runs: list[tuple[int, int, int]] = []
-    end = count
-    while end:
-        first = cut[end]
-        runs.append((first, end, min(starts[first:end])))
-        end = first
-    return tuple(reversed(runs))
 
 
 def _attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
