@@ -1,8 +1,10 @@
-"""Decode attention in float32 for half-precision models on CPU (``_exec/attention.py``).
+"""The decode loop's attention on CPU (``_exec/attention.py``) and its cuts (``decode.runs``).
 
-The decode loop of a bfloat16 model stores keys and values in float32 and attends in
-float32; it still gives ``generate``'s greedy tokens. Runs in this process on a tiny random
-Llama; one test runs it in a real worker through ``codeferry.Executor``.
+A bfloat16 or float16 model's loop stores keys and values in float32 and attends in
+float32; rows attend in runs that skip the padding columns they do not need, and prompts are
+prefilled in groups padded to their own longest. Greedy tokens stay ``generate``'s (within
+rounding in bfloat16). Runs in this process on a tiny random Llama; one test runs it in a
+real worker through ``codeferry.Executor``.
 """
 
 from __future__ import annotations
@@ -91,8 +93,9 @@ def test_prompts_are_prefilled_in_groups_padded_to_their_own_longest() -> None:
     assert prefill_runs([]) == ()
 
 
-def test_rows_of_short_and_long_prompts_attend_apart_and_give_generates_tokens() -> None:
-    model = half("float16")
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_rows_of_short_and_long_prompts_attend_apart_and_give_generates_tokens(dtype: str) -> None:
+    model = half(dtype)
     attention.enable(model)
     batch = [list(range(8, 108)) + list(range(8, 108)), list(range(9, 12)), list(range(20, 24)),
              list(range(30, 119)) * 2, list(range(40, 43))]
@@ -107,9 +110,7 @@ def test_rows_of_short_and_long_prompts_attend_apart_and_give_generates_tokens()
     assert got == [generated(model, p, o) for p, o in zip(batch, options, strict=True)]
 
 
-def test_float32_models_and_other_attention_are_left_as_they_are() -> None:
-    plain = tiny_llama()
-    assert not attention.enable(plain) and plain.config._attn_implementation == "sdpa"
+def test_other_attention_is_left_as_it_is() -> None:
     eager = half(attn_implementation="eager")
     assert not attention.enable(eager) and eager.config._attn_implementation == "eager"
 
@@ -125,11 +126,11 @@ def test_the_kv_budget_counts_float32_keys() -> None:
 def test_the_worker_choice_and_its_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     model = half()
     path, why = choose(model, "auto", "cpu", 0) or ("", "")
-    assert path == "decode" and "float32" in why
+    assert path == "decode" and "codeferry's attention" in why
     monkeypatch.setenv("CODEFERRY_CPU_FLOAT32_ATTENTION", "0")
     other = half()
     path, why = choose(other, "auto", "cpu", 0) or ("", "")
-    assert path == "decode" and "float32" not in why
+    assert path == "decode" and "codeferry's attention" not in why
     assert other.config._attn_implementation == "sdpa"
 
 
@@ -141,7 +142,8 @@ def test_a_bfloat16_worker_decodes_in_float32_with_generates_tokens(tmp_path: An
     with codeferry.Executor(tmp_path / "llama", workers=1, dtype="bfloat16",
                             preload=("generate",)) as ex:
         info = ex.worker_info[0]
-        assert info["generate_path"] == "decode" and "float32" in info["generate_reason"], info
+        assert info["generate_path"] == "decode", info
+        assert "codeferry's attention" in info["generate_reason"], info
         got = ex.generate(texts, max_new_tokens=12)
     want = [tokenizer.decode(generated(model, tokenizer(t)["input_ids"], RowOptions(12, (EOS,))),
                              skip_special_tokens=True) for t in texts]

@@ -1,23 +1,29 @@
-"""Decode attention in float32 for half-precision models on CPU (the decode loop's cache).
+"""The decode loop's attention on CPU: float32 for half-precision models, rows in runs.
 
-Why: PyTorch's CPU kernel for ``scaled_dot_product_attention`` in bfloat16 is slow on a
-decode step (one query a row): on a 70M Llama, 16 rows, one thread, it took 58% of each
-step, 1.6 ms a layer, against 0.4-0.6 ms in float32 over the same keys and values
-(``docs/benchmarks.md``). Converting the keys and values at every step costs most of that
+Why float32: PyTorch's CPU kernel for ``scaled_dot_product_attention`` in bfloat16 is slow
+on a decode step (one query a row): on a 70M Llama, 16 rows, one thread, it took 58% of
+each step, 1.6 ms a layer, against 0.4-0.9 ms in float32 over the same keys and values
+(``docs/executor.md``). Converting the keys and values at every step costs most of that
 back, so the decode loop stores them in float32 (``decode._Layer``: its cache is twice the
 bytes of a bfloat16 one, and ``decode.rows_for`` counts them so) and attention runs on them
 in float32, the query cast up and the output cast back to the model's dtype. Keys and values
 are exactly what the model computed (bfloat16 values are exact in float32); only the
 attention's own sums are more precise than in bfloat16.
 
+Why runs (``SPANS``, any dtype): the loop's cache is a rectangle, every row left-padded to
+the longest; the loop passes runs of rows (``decode.spans``) and each run attends apart,
+from the first column one of its rows needs, instead of every row reading every padding
+column at every step and layer.
+
 How: transformers' public ``AttentionInterface`` (and ``AttentionMaskInterface``, for
 the masks ``sdpa`` gets) takes one more implementation, ``NAME``; it runs transformers'
 own ``sdpa_attention_forward``, after a cast when the keys are float32 and the query is
-not. A model whose modeling code calls attention through that interface
+not, once per run. A model whose modeling code calls attention through that interface
 (``_can_set_attn_implementation``) and runs ``sdpa`` is switched to it (``enable``); any
 other model is left as it is. Under ``generate`` and its ``DynamicCache`` the keys have the
-query's dtype, so nothing changes there. The worker switches a model only to probe the
-decode loop on it (``stream.choose``), and switches it back when the probe does not match.
+query's dtype and no runs are passed, so nothing changes there. The worker switches a model
+only to probe the decode loop on it (``stream.choose``), and switches it back when the probe
+does not match.
 """
 
 from __future__ import annotations
@@ -65,12 +71,12 @@ def _register() -> None:
 
 
 def enable(model: Any) -> bool:
-    """Switch ``model`` (half precision, ``sdpa``, attention through transformers'
-    interface) to ``NAME``; whether it was switched."""
+    """Switch ``model`` (float32 or half precision, ``sdpa``, attention through
+    transformers' interface) to ``NAME``; whether it was switched."""
     import torch
 
     config = getattr(model, "config", None)
-    if (getattr(model, "dtype", None) not in (torch.bfloat16, torch.float16)
+    if (getattr(model, "dtype", None) not in (torch.float32, torch.bfloat16, torch.float16)
             or getattr(config, "_attn_implementation", None) != "sdpa"):
         return False
     try:

@@ -147,8 +147,9 @@ def choose(model: Any, requested: str, device: str, pad: int | None) -> tuple[st
         return None
     if device.startswith("cpu") and _settings.cpu_float32_attention() and enable(model):
         if probe(model, 0 if pad is None else pad) is None:
-            return "decode", ("a greedy probe of the decode loop, its attention in float32, "
-                              "matched generate token for token")
+            return "decode", ("a greedy probe of the decode loop, with codeferry's attention "
+                              "(rows in runs; float32 keys for half precision), matched "
+                              "generate token for token")
         disable(model)
     failure = probe(model, 0 if pad is None else pad)
     if failure is None:
