@@ -110,7 +110,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         ("CODEFERRY_CPU_FLOAT32_ATTENTION",),
         "on",
-        "`0` keeps a bfloat16 or float16 model's decode attention in its own dtype on a CPU worker; on, the decode loop stores keys and values in float32 and attends in float32 there (faster on CPU, the cache twice the bytes; see the executor page)",
+        "`0` keeps a model's own attention in a CPU worker's decode loop; on, codeferry's attention runs there: rows attend in runs that skip padding, and a bfloat16 or float16 model's keys and values are stored and attended in float32 (faster on CPU, that cache twice the bytes; see the executor page)",
     ),
     Setting(
         ("CODEFERRY_LOCK",),

@@ -9,10 +9,12 @@ attention cost more per step than they save (``generation.py``). This loop calls
 model's ``forward`` itself:
 
 - a prefill of a group of left-padded prompts computes logits for the last position only
-  (``logits_to_keep=1``), then every step feeds one token per row;
+  (``logits_to_keep=1``), then every step feeds one token per row; the prompts are prefilled
+  in groups of like lengths (``prefill_runs``), each padded to its own longest;
 - the cache is ``_Layer``: per layer one preallocated buffer, written in place, its
   capacity the longest row's prompt plus its remaining new tokens; in float32 for a
-  half-precision model whose attention ``attention.enable`` switched (faster on CPU);
+  half-precision model whose attention ``attention.enable`` switched (faster on CPU), where
+  rows also attend in runs that skip the padding columns they do not need (``spans``);
 - a row that ends (its end-of-sequence, its ``max_new_tokens``) stops being computed: the
   batch is compacted (rows selected, and cache columns that only padding fills any more
   dropped) once an eighth of it has ended, so compaction copies the cache rarely;
