@@ -15,8 +15,8 @@ import pytest
 
 import codeferry
 from codeferry._exec import attention
-from codeferry._exec.decode import (CALL_COLUMNS, Engine, RowOptions, decode, prefill_runs,
-                                    rows_for, spans)
+from codeferry._exec.cuts import CALL_COLUMNS, prefill_runs, spans
+from codeferry._exec.decode import Engine, RowOptions, decode, rows_for
 from codeferry._exec.stream import choose
 
 torch = pytest.importorskip("torch")
@@ -79,7 +79,7 @@ def test_rows_attend_in_the_runs_that_read_least() -> None:
                                                  [b for _, b, _ in runs], strict=True))
         assert all(c == min(starts[a:b]) for a, b, c in runs)  # every row reads all it has
         n = len(starts)
-        best = min(cost([(a, b, min(starts[a:b])) for a, b in zip((0, *cuts), (*cuts, n))],
+        best = min(cost([(a, b, min(starts[a:b])) for a, b in zip((0, *cuts), (*cuts, n), strict=True)],
                         100, CALL_COLUMNS)
                    for k in range(n) for cuts in itertools.combinations(range(1, n), k))
         assert cost(runs, 100, CALL_COLUMNS) == best  # the least of every cut, by brute force

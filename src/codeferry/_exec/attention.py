@@ -11,7 +11,7 @@ are exactly what the model computed (bfloat16 values are exact in float32); only
 attention's own sums are more precise than in bfloat16.
 
 Why runs (``SPANS``, any dtype): the loop's cache is a rectangle, every row left-padded to
-the longest; the loop passes runs of rows (``decode.spans``) and each run attends apart,
+the longest; the loop passes runs of rows (``cuts.spans``) and each run attends apart,
 from the first column one of its rows needs, instead of every row reading every padding
 column at every step and layer.
 
@@ -35,7 +35,7 @@ __all__ = ["NAME", "SPANS", "cache_dtype", "disable", "enable"]
 #: The attention implementation's name in transformers' registries.
 NAME = "codeferry_sdpa"
 #: The keyword the decode loop passes its runs of rows in, ``(first row, end row, first
-#: column)`` each (``decode.spans``), through the model's ``**kwargs``: each run attends
+#: column)`` each (``cuts.spans``), through the model's ``**kwargs``: each run attends
 #: apart, from the first cache column one of its rows needs.
 SPANS = "codeferry_spans"
 
@@ -50,7 +50,7 @@ def _attention(module: Any, query: Any, key: Any, value: Any, attention_mask: An
         query = query.to(key.dtype)
         if attention_mask is not None and attention_mask.is_floating_point():
             attention_mask = attention_mask.to(key.dtype)
-    if not runs or query.shape[2] != 1 or len(runs) == 1 and not runs[0][2]:
+    if not runs or query.shape[2] != 1 or (len(runs) == 1 and not runs[0][2]):
         out, weights = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
         return out.to(dtype), weights
     import torch
@@ -87,7 +87,7 @@ def enable(model: Any) -> bool:
     except Exception:  # noqa: BLE001 - a transformers without the interface: leave it be
         disable(model)
         return False
-    if config._attn_implementation != NAME:
+    if getattr(config, "_attn_implementation", None) != NAME:
         disable(model)
         return False
     return True
@@ -95,7 +95,7 @@ def enable(model: Any) -> bool:
 
 def disable(model: Any) -> None:
     """Back to ``sdpa`` where ``enable`` switched ``model``."""
-    if getattr(model.config, "_attn_implementation", None) == NAME:
+    if getattr(getattr(model, "config", None), "_attn_implementation", None) == NAME:
         model.set_attn_implementation("sdpa")
 
 
