@@ -11,7 +11,11 @@ layouts in one run, 2026-12-02), one worker of 2 threads against two of one thre
 float32 greedy 1.23x against 1.07x, 16 forced tokens 1.10x against 1.04x; bfloat16 greedy
 0.82x against 0.85x, 16 forced tokens 0.63x against 0.99x (0.95x against 1.00x with no
 vLLM engine in the run); a 217M Llama in bfloat16, greedy 1.15x against 0.97x, 16 forced
-tokens level. Neither wins everywhere; two workers never fall far, so they stay.
+tokens level. Again on another machine, with codeferry's attention and prefill groups
+(``docs/benchmarks.md``, 2026-12-02 afternoon): float32 greedy 1.07x against 0.95x, 16
+forced tokens 1.01x against 1.22x; bfloat16 greedy 0.82x against 0.80x, 16 forced tokens
+0.70x against 0.97x; 217M greedy level (0.99x). Neither wins everywhere; two workers
+never fall far, so they stay.
 
 An accelerator: one worker per visible device (more would share a device's memory).
 Ray: two actors; the cluster's shape is not known until it is reached, so ``workers`` and
