@@ -1,7 +1,7 @@
 """The decode loop's attention on CPU: float32 for half-precision models, rows in runs.
 
 Why float32: PyTorch's CPU kernel for ``scaled_dot_product_attention`` in bfloat16 is slow
-on a decode step (one query a row): on a 70M Llama, 16 rows, one thread, it took 58% of
+on a decode step (one query a row): on a 71M Llama, 16 rows, one thread, it took 58% of
 each step, 1.6 ms a layer, against 0.4-0.9 ms in float32 over the same keys and values
 (``docs/executor.md``). Converting the keys and values at every step costs most of that
 back, so the decode loop stores them in float32 (``decode._Layer``: its cache is twice the
@@ -50,7 +50,9 @@ def _attention(module: Any, query: Any, key: Any, value: Any, attention_mask: An
         query = query.to(key.dtype)
         if attention_mask is not None and attention_mask.is_floating_point():
             attention_mask = attention_mask.to(key.dtype)
-    if not runs or query.shape[2] != 1 or (len(runs) == 1 and not runs[0][2]):
+    # runs are for a decode step of the loop's own rows; anything else attends as one
+    if (not runs or query.shape[2] != 1 or runs[-1][1] != query.shape[0]
+            or (len(runs) == 1 and not runs[0][2])):
         out, weights = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
         return out.to(dtype), weights
     import torch

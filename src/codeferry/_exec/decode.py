@@ -12,9 +12,9 @@ model's ``forward`` itself:
   (``logits_to_keep=1``), then every step feeds one token per row; the prompts are prefilled
   in groups of like lengths (``prefill_runs``), each padded to its own longest;
 - the cache is ``_Layer``: per layer one preallocated buffer, written in place, its
-  capacity the longest row's prompt plus its remaining new tokens; in float32 for a
-  half-precision model whose attention ``attention.enable`` switched (faster on CPU), where
-  rows also attend in runs that skip the padding columns they do not need (``spans``);
+  capacity the longest row's prompt plus its remaining new tokens; for a model whose
+  attention ``attention.enable`` switched, in float32 (faster on CPU for half precision),
+  and its rows attend in runs that skip the padding columns they do not need (``spans``);
 - a row that ends (its end-of-sequence, its ``max_new_tokens``) stops being computed: the
   batch is compacted (rows selected, and cache columns that only padding fills any more
   dropped) once an eighth of it has ended, so compaction copies the cache rarely;
@@ -262,7 +262,7 @@ class _Batch:
                                                      dtype=self.mask.dtype)], dim=1)
         device = self.model.device
         extra = {}
-        if self.store is not None and self.spans:  # float32 attention: rows attend in runs
+        if self.store is not None and self.spans:  # codeferry's attention: rows in runs
             extra[SPANS] = spans(tuple(self.mask.int().argmax(-1).tolist()))
         out = self.model(input_ids=self.last.to(device), attention_mask=self.mask.to(device),
                          position_ids=self.position.to(device), past_key_values=self.cache,
