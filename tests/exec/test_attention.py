@@ -102,8 +102,13 @@ def test_rows_of_short_and_long_prompts_attend_apart_and_give_generates_tokens(d
     options = [RowOptions(10, (EOS,)) for _ in batch]
     engine = Engine(model, pad_token_id=0)
     engine.add(batch, options)
+    widths: list[int] = []
+    hook = model.register_forward_pre_hook(
+        lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
     with torch.inference_mode():
         engine.step()  # the prefill: rows sorted longest first
+    hook.remove()
+    assert widths == [200, 178, 4]  # groups, each padded to its own longest prompt
     starts = tuple(engine.batch.mask.int().argmax(-1).tolist())
     assert len(spans(starts)) == 2, starts
     got = decode(model, batch, options, pad_token_id=0)

@@ -39,6 +39,7 @@ def runs(values: tuple[int, ...], call: int) -> tuple[tuple[int, int], ...]:
     return tuple(reversed(out))
 
 
+@functools.lru_cache(maxsize=256)
 def spans(starts: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
     """Rows cut into runs that attend apart (``attention.SPANS``): ``(first row, end row,
     first column)`` each; ``starts``: each row's first real cache column.
@@ -47,7 +48,7 @@ def spans(starts: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
     was short reads padding columns at every step and layer (on the benchmark's prompts of
     6 to 51 tokens, up to half the cache). A run of ``n`` rows reads ``n * (length - its
     first column)``: the cut that reads least is ``runs`` of the negated starts, whatever
-    the length.
+    the length. Asked at every decode step: remembered, like ``runs``.
     """
     return tuple((a, b, min(starts[a:b])) for a, b in runs(tuple(-s for s in starts),
                                                            CALL_COLUMNS))
