@@ -34,11 +34,12 @@ def nodes() -> None:
 def _reference(model: str, kind: str, texts: list[str], cache_dir: str | None = None,
                **options: Any) -> list[Any]:
     """What a worker computes, computed here, in this process, one text at a time."""
-    from codeferry._exec.worker import WorkerSpec, _Engine
+    from codeferry._exec.hf_engine import TransformersEngine
+    from codeferry._exec.worker import WorkerSpec
     from codeferry._trust.options import ModelOptions
 
-    engine = _Engine(WorkerSpec(model, ModelOptions(cache_dir=cache_dir, trust_remote_code=True),
-                                "cpu", None, 1, ()))
+    engine = TransformersEngine(WorkerSpec(
+        model, ModelOptions(cache_dir=cache_dir, trust_remote_code=True), "cpu", None, 1, ()))
     if kind == "generate":
         return [engine.generate([t], {"max_new_tokens": 4, **options})[0] for t in texts]
     if kind == "embed":

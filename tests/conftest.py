@@ -80,9 +80,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 _SHARED_SCOPE = {"exec/test_ray_cluster.py": "ray", "exec/test_ray.py": "ray",
                  "contexts/test_ray_contexts.py": "ray",  # the session's one 2-node cluster
                  # one vLLM engine at a time: two on a small machine starve each other
-                 "vllm/test_vllm.py": "vllm", "vllm/test_vllm_run_batch.py": "vllm"}
+                 "vllm/test_vllm.py": "vllm", "vllm/test_vllm_run_batch.py": "vllm",
+                 "vllm/test_vllm_engine.py": "vllm"}
 _LONGEST_FIRST = ("exec/test_ray_cluster.py", "exec/test_ray.py", "vllm/test_vllm.py",
-                  "vllm/test_vllm_run_batch.py", "contexts/test_pools.py",
+                  "vllm/test_vllm_run_batch.py", "vllm/test_vllm_engine.py",
+                  "contexts/test_pools.py",
                   "contexts/test_datasets.py", "load/test_exec.py", "contexts/test_dask.py",
                   "contexts/test_dataloader.py", "contexts/test_torchrun.py",
                   "commands/test_doctor.py", "load/test_doors.py", "exec/test_worker_stdout.py",

@@ -34,6 +34,8 @@ __all__ = [
     "environment_with",
     "hub_endpoint",
     "install_switch",
+    "set_lock_file",
+    "vllm_in_process",
     "lock_file",
     "markdown",
     "modules_cache",
@@ -111,6 +113,11 @@ SETTINGS: tuple[Setting, ...] = (
         ("CODEFERRY_CPU_FLOAT32_ATTENTION",),
         "on",
         "`0` keeps a model's own attention in a CPU worker's decode loop; on, codeferry's attention runs there: rows attend in runs that skip padding, and a bfloat16 or float16 model's keys and values are stored and attended in float32 (faster on CPU, that cache twice the bytes; see the executor page)",
+    ),
+    Setting(
+        ("VLLM_ENABLE_V1_MULTIPROCESSING",),
+        "vLLM's (on)",
+        "vLLM's own variable, which codeferry writes and never reads: an executor worker with `engine=\"vllm\"` sets it to `0` before it builds its engine, so that vLLM's EngineCore runs inside the worker (a worker is a daemonic process, which may start none of its own; see the executor page)",
     ),
     Setting(
         ("CODEFERRY_LOCK",),
@@ -264,6 +271,21 @@ def lock_file() -> str | None:
     """``CODEFERRY_LOCK``: the lock every vLLM process enforces, if one is set."""
     value = os.environ.get("CODEFERRY_LOCK", "").strip()
     return value or None
+
+
+def set_lock_file(path: str | None) -> None:
+    """Name (or, with ``None``, unname) the lock in ``CODEFERRY_LOCK`` for the processes this
+    one starts from now on: a worker's vLLM engine binds vLLM's own processes with it."""
+    if path is None:
+        os.environ.pop("CODEFERRY_LOCK", None)
+    else:
+        os.environ["CODEFERRY_LOCK"] = path
+
+
+def vllm_in_process() -> None:
+    """Ask vLLM (read when it builds an engine) to run its EngineCore in this process: an
+    executor worker is a daemonic process, which may start no processes of its own."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 
 def install_switch() -> bool:

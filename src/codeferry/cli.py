@@ -233,6 +233,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             pooling=args.pooling, force_resume=args.force_resume, backend=args.backend,
             address=args.address, retry_errors=args.retry_errors,
             batch_timeout=args.batch_timeout, params=params, chat_template=args.chat_template,
+            engine=args.engine,
             **_options(args).keywords(),
         )
     except BrokenPipeError:  # `codeferry run | head`: the reader left; stop quietly
@@ -407,6 +408,12 @@ def _add_run(sub: _Commands) -> argparse.ArgumentParser:
     run.add_argument("--batch-timeout", type=float, metavar="SECONDS",
                      help="a worker whose batch runs longer is killed and replaced, the batch "
                      "retried; a batch that times out every attempt stops the run (default: none)")
+    run.add_argument("--engine", choices=["transformers", "vllm", "auto"],
+                     default="transformers",
+                     help="what generates in each worker: the model's transformers code "
+                     "(default), vLLM (one engine; a model vLLM cannot run fails at start-up), "
+                     "or auto (vLLM where it is installed and runs the model, transformers "
+                     "otherwise, the reason printed); see docs/executor.md")
     add_sampling_flags(run)
     return run
 

@@ -862,3 +862,17 @@ class ChatTemplateMissingError(CodeferryError, ValueError):
 
 
 __all__ += ["SamplingParamsError", "ChatTemplateMissingError"]
+
+# -- engines (issue 20) -------------------------------------------------------------------
+
+
+class EngineRefusedError(CodeferryError, RuntimeError):
+    """The engine a worker was asked for (``engine="vllm"``) cannot serve this model or this
+    kind of request; ``engine`` names it. ``engine="auto"`` falls back to transformers on it."""
+
+    def __init__(self, message: str, *, engine: str = "", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.engine = engine
+
+
+__all__ += ["EngineRefusedError"]

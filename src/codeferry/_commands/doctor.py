@@ -105,6 +105,11 @@ def doctor_checks(worker: Any, config_bytes: bytes) -> dict[str, Any]:
             if key == "AutoModelForCausalLM":
                 causal = model_obj
     checks["models_built"] = built
+    from .._exec.vllm_engine import auto_engine
+
+    engine, why = auto_engine(list(getattr(config, "architectures", None) or []),
+                              classes.get("AutoModelForCausalLM"))
+    checks["engine"] = {"default": "transformers", "auto": engine, "reason": why}
     if causal is None:  # a plain architecture: transformers' own class
         causal = _plain_causal_lm(config)
     if config_cls is not None and type(config) is not config_cls:
@@ -269,6 +274,10 @@ def render_doctor(report: DoctorReport) -> str:
         if w.ok:
             built = ", ".join(w.checks.get("models_built", [])) or "no model classes"
             lines.append(f"  worker {w.worker}  ok     {w.seconds or 0:.2f}s  built {built}{at}")
+            engine = w.checks.get("engine")
+            if engine:
+                lines.append(f"    engine: transformers (the default); --engine auto: "
+                             f"{engine['auto']} ({engine['reason']})")
             gen = w.checks.get("generate_path")
             if gen:
                 lines.append(f"    generate: {gen['cpu']} on cpu, {gen['accelerator']} on an "

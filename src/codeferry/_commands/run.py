@@ -124,6 +124,7 @@ def run(
     batch_timeout: float | None = None,
     params: SamplingParams | None = None,
     chat_template: str | os.PathLike[str] | None = None,
+    engine: Literal["transformers", "vllm", "auto"] = "transformers",
 ) -> RunResult:
     """Run ``task`` on every input of ``input_path``; write JSONL to ``output`` (``None``:
     ``stdout``), resuming an output that already holds some ids.
@@ -191,6 +192,8 @@ def run(
     result = RunResult(total=len(items), skipped=len(done), failed=state.failed - len(retried),
                        output=None if path is None else str(path))
     remaining = [item for item in items if item.id not in done]
+    if workers is None and engine != "transformers":
+        workers = 1  # the executor's default: one vLLM engine batches every row itself
     if workers is None:  # the executor's default (layout.py)
         workers = layout(plan.device, backend, None, None, cpus=cpus(),
                          devices=devices(plan.device, backend))[0]
@@ -219,7 +222,7 @@ def run(
             # The plan checked above: workers verify they run exactly its digest.
             executor = Executor(plan, workers=count, start_method=start_method,
                                 batch_size=batch_size, backend=backend, address=address,
-                                batch_timeout=batch_timeout)
+                                batch_timeout=batch_timeout, engine=engine)
         except BaseException:
             sink.close(discard=True)
             if path is not None and record is not None and not path.exists():

@@ -24,10 +24,13 @@ hypothesis.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["estimate_tokens", "plan_batches", "padding_waste", "fixed_batches", "batch_limits"]
+from .params import SamplingParams, group_key, resolve
+
+__all__ = ["estimate_tokens", "plan_batches", "padding_waste", "fixed_batches", "batch_limits",
+           "grouped_batches"]
 
 #: UTF-8 bytes per token, roughly, for the vocabularies of current models.
 BYTES_PER_TOKEN = 4
@@ -135,3 +138,27 @@ def batch_limits(device: str, max_batch_tokens: int | None) -> tuple[int, int]:
     if tokens < 1:
         raise ValueError("max_batch_tokens must be at least 1")
     return tokens, (CPU_BATCH_SIZE if cpu else ACCELERATOR_BATCH_SIZE)
+
+
+def grouped_batches(requests: Sequence[Any], defaults: SamplingParams | None, size: int | None,
+                    plan: Callable[[Sequence[int]], list[list[int]]],
+                    window: int) -> list[list[int]]:
+    """Batches of requests that can share ``generate`` calls: within each window, the
+    requests of one group (``params.group_key``, as far as the parent can tell without the
+    model's generation_config) planned apart, by length or ``size`` at a time."""
+    batches: list[list[int]] = []
+    for start in range(0, len(requests), window):
+        groups: dict[Any, list[int]] = {}
+        for i in range(start, min(start + window, len(requests))):
+            params = (requests[i].params or SamplingParams()).over(defaults)
+            groups.setdefault(group_key(resolve(params, {}), i), []).append(i)
+        for members in groups.values():
+            if size:
+                batches += [members[j:j + size] for j in range(0, len(members), size)]
+                continue
+            lengths = [estimate_tokens(requests[i].size_hint()) + resolve(
+                (requests[i].params or SamplingParams()).over(defaults), {}).max_tokens
+                for i in members]
+            batches += [[members[j] for j in batch] for batch in plan(lengths)]
+    return batches
+

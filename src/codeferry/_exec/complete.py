@@ -113,10 +113,9 @@ class Planned:
 def plan(engine: Any, requests: Sequence[Request], defaults: SamplingParams | None,
          chat_template: str | None) -> Planned:
     """Steps 1 and 2 of the module docstring."""
-    model = engine.model_for("generate")
     tokenizer = engine.tokenizer
     rendered = [render(tokenizer, r, chat_template) for r in requests]
-    config = model.generation_config
+    config = engine.generation_config()
     from_model = {name: getattr(config, name, None) for name in _MODEL_DEFAULTS}
     resolved = [resolve((r.params or SamplingParams()).over(defaults), from_model)
                 for r in requests]

@@ -31,13 +31,14 @@ from .._code.lockfile import Lock
 from .._runtime.loader import units_of
 from .._trust.decide import record
 from .._trust.options import ModelOptions
-from .batching import batch_limits, estimate_tokens, fixed_batches, plan_batches
+from .batching import batch_limits, estimate_tokens, fixed_batches, grouped_batches, plan_batches
 from .checks import check_main_guard
 from .layout import cpus, device_for, devices, layout
-from .params import GenerateResult, Request, SamplingParams, group_key, resolve
+from .params import GenerateResult, Request, SamplingParams
 from .plan import Plan, prepare
 from .scheduler import STREAM_DEPTH, Batch, Call, Outcome, Scheduler
 from .transport import LocalTransport, Transport
+from .vllm_engine import choose_engine
 from .worker import WorkerSpec
 
 __all__ = ["Executor", "Outcome"]
@@ -101,6 +102,12 @@ class Executor:
     and replaced and the batch retried (``BatchTimeoutError`` is the last cause), so a
     hung forward pass cannot hang the caller.
 
+    ``engine``: ``"transformers"`` (the default: the model's own code, on the paths above),
+    ``"vllm"`` (one ``vllm.LLM`` in one worker, bound to the verified code; a model it cannot
+    run raises ``EngineRefusedError``) or ``"auto"`` (vLLM where it runs the model, else
+    transformers, the reason in ``worker_info``); ``engine_options``: keyword arguments of
+    ``vllm.LLM``. See ``vllm_engine``: vLLM starts in a minute where codeferry takes seconds.
+
     ``backend="ray"`` runs the workers as Ray actors across a cluster (``address`` or
     ``RAY_ADDRESS`` as for ``ray.init``; a local cluster otherwise), ``ray_resources``
     per actor (``num_cpus``, ``num_gpus``, ``resources``); see ``_ray``. The methods and
@@ -139,6 +146,8 @@ class Executor:
         token: str | bool | None = None,
         local_files_only: bool | None = None,
         code_revision: str | None = None,
+        engine: Literal["transformers", "vllm", "auto"] = "transformers",
+        engine_options: dict[str, Any] | None = None,
     ) -> None:
         options = ModelOptions.of(locals())
         if generate_path not in ("auto", "decode", "continuous", "batched"):
@@ -147,6 +156,10 @@ class Executor:
         if backend == "local":
             # Mistakes a worker would only report as an exit code: refused here, typed.
             check_main_guard("spawn" if warm else start_method)  # the zygote is spawned
+        #: The engine the workers get, and why (``choose_engine``); one vLLM engine batches
+        #: every row itself, on every core: one worker unless told otherwise.
+        self.engine, self.engine_reason = choose_engine(engine, backend)
+        workers = 1 if workers is None and self.engine != "transformers" else workers
         plan = model if isinstance(model, Plan) else prepare(
             model, options, tasks=preload, device=device, dtype=dtype, digest=digest,
             local_device=backend == "local")
@@ -175,7 +188,8 @@ class Executor:
         specs = [
             WorkerSpec(self.model, plan.for_workers(),
                        device if backend == "ray" else device_for(device, slot), dtype, threads,
-                       plan.tasks, self.digest, generate_path, code=plan.code_folder)
+                       plan.tasks, self.digest, generate_path, code=plan.code_folder,
+                       engine=self.engine, engine_options=tuple((engine_options or {}).items()))
             for slot in range(workers)
         ]
         transport: Transport
@@ -253,7 +267,7 @@ class Executor:
         runs one while the next waits in its queue, so fewer would leave a worker idle."""
         size = batch_size or self.batch_size
         if kind == "complete":
-            plan = _grouped(inputs, extra["defaults"], size, self._plan)
+            plan = grouped_batches(inputs, extra["defaults"], size, self._plan, BATCH_WINDOW)
         elif size:
             plan = fixed_batches(len(inputs), size)
         else:
@@ -283,10 +297,11 @@ class Executor:
                             window=BATCH_WINDOW, spread=spread)
 
     def _decoding(self, *, streams: bool = False) -> bool:
-        """Whether every worker generates with the decode loop (``decode.py``), and with
-        ``streams`` merges its batches into one loop (``stream.py``)."""
+        """Whether every worker generates with the decode loop (``decode.py``) or vLLM
+        (``vllm_engine.py``), and with ``streams`` merges its batches into one running batch
+        (``stream.py``, ``VllmStream``)."""
         info = self._scheduler.info()
-        return bool(info) and all(i.get("generate_path") == "decode" and
+        return bool(info) and all(i.get("generate_path") in ("decode", "vllm") and
                                   (not streams or i.get("streams")) for i in info)
 
     def _submit(self, kind: str, inputs: Sequence[Any], extra: dict[str, Any],
@@ -463,26 +478,3 @@ def _conversations(messages: Conversation | Sequence[Conversation]) -> list[Conv
     if items and isinstance(items[0], Mapping):
         return [items]  # type: ignore[list-item]  # one conversation
     return items  # type: ignore[return-value]  # a list of conversations
-
-
-def _grouped(requests: Sequence[Any], defaults: SamplingParams | None, size: int | None,
-             plan: Callable[[Sequence[int]], list[list[int]]]) -> list[list[int]]:
-    """Batches of requests that can share ``generate`` calls: within each window, the
-    requests of one group (``params.group_key``, as far as the parent can tell without the
-    model's generation_config) planned apart, by length or ``size`` at a time."""
-    batches: list[list[int]] = []
-    for start in range(0, len(requests), BATCH_WINDOW):
-        groups: dict[Any, list[int]] = {}
-        for i in range(start, min(start + BATCH_WINDOW, len(requests))):
-            params = (requests[i].params or SamplingParams()).over(defaults)
-            groups.setdefault(group_key(resolve(params, {}), i), []).append(i)
-        for members in groups.values():
-            if size:
-                batches += [members[j:j + size] for j in range(0, len(members), size)]
-                continue
-            lengths = [estimate_tokens(requests[i].size_hint()) + resolve(
-                (requests[i].params or SamplingParams()).over(defaults), {}).max_tokens
-                for i in members]
-            batches += [[members[j] for j in batch] for batch in plan(lengths)]
-    return batches
-

@@ -205,7 +205,7 @@ class RayWorker:
 
     def start(self, spec: WorkerSpec, ferry: Ferry) -> tuple[Any, ...]:
         from .checks import check_device
-        from .worker import _Engine
+        from .worker import build_engine
 
         ray = ray_module()
         node = {"node_id": ray.get_runtime_context().get_node_id(),
@@ -216,8 +216,8 @@ class RayWorker:
             cross = folder / CROSS_REPO_CACHE
             code = folder / CODE_FOLDER
             options = replace(spec.options, cache_dir=str(cross) if cross.is_dir() else None)
-            self.engine = _Engine(replace(spec, model=str(folder), options=options,
-                                          code=str(code) if code.is_dir() else None))
+            self.engine = build_engine(replace(spec, model=str(folder), options=options,
+                                               code=str(code) if code.is_dir() else None))
         except BaseException as exc:  # noqa: BLE001 - the handshake carries it to the driver
             return ("failed", os.getpid(), error_payload(exc), node)
         info = {**self.engine.info(), **node, "ferry": stats, "folder": str(folder)}

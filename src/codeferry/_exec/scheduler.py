@@ -38,7 +38,9 @@ from ..errors import (
     BatchTimeoutError,
     BrokenExecutorError,
     CodeChangedError,
+    EngineRefusedError,
     RequestUnpicklingError,
+    SamplingParamsError,
     WorkerError,
     WorkerStartupError,
 )
@@ -51,6 +53,9 @@ __all__ = ["STREAM_DEPTH", "Batch", "Call", "Outcome", "Scheduler"]
 #: the planner cuts batches of an eighth of that (``Executor._plan``), so that results come
 #: back batch by batch while every row stays busy.
 STREAM_DEPTH = 8
+
+#: Errors a batch would raise again on any worker: it fails at once, not after retries.
+_NOT_RETRIED = (RequestUnpicklingError, SamplingParamsError, EngineRefusedError)
 
 logger = logging.getLogger(__name__)
 
@@ -348,7 +353,7 @@ class Scheduler:
             self._succeed(batch, value)
         else:
             self._retry_or_fail(batch, value, final=batch.final_errors or batch.slot is not None
-                                or isinstance(value, RequestUnpicklingError))
+                                or isinstance(value, _NOT_RETRIED))
 
     def _on_died(self, slot: _Slot, body: str | tuple[str, BaseException]) -> None:
         """``body``: how it died, and what reported it (Ray's error) when there is one."""

@@ -1,0 +1,228 @@
+"""transformers as an executor worker's engine (the default): the model's own modeling code,
+built on first use of each kind of request, generating on the path ``stream.choose`` or
+``generation.choose_path`` picks (the decode loop, continuous batching or ``generate``).
+``vllm_engine`` is the other engine; ``worker.build_engine`` picks between them."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from .. import _settings
+from .spec import WorkerSpec
+
+__all__ = ["TransformersEngine"]
+
+
+class TransformersEngine:
+    """The models of one worker, built on first use of each kind of request."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        import torch
+        from transformers.utils import logging as hf_logging
+
+        from .._load import load_pinned, load_with
+
+        hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # load reports of heads a task does not use
+        torch.set_num_threads(max(1, spec.threads))
+        self.spec = spec
+        self.models: dict[str, Any] = {}
+        #: Linear layers packed for oneDNN, per model (``packing.py``; CPU only).
+        self.packed: dict[str, int] = {}
+        self._accepted: dict[int, tuple[set[str], bool]] = {}
+        #: (path, why) once the generate model is built: see ``_generation.choose_path``.
+        self.generate_path: tuple[str, str] | None = None
+        #: ``config=`` for ``from_pretrained`` when the code is another revision's: ``model``'s
+        #: config built by the loaded config class, so that transformers neither reads the
+        #: code of ``model``'s own revision nor asks which config class owns its model_type.
+        self._with_config: dict[str, Any] = {}
+        code, options = spec.code or spec.model, spec.options
+        if not spec.serve:
+            # ``codeferry doctor``: the code arrives with the config, by ticket, first; a
+            # lock binds this process before anything arrives.
+            self.classes = (load_pinned(code, str(spec.digest), options)
+                            if options.lock is not None else {})
+            return
+        if spec.digest is None:
+            self.classes = load_with(code, options)
+        else:
+            self.classes = load_pinned(code, spec.digest, options)
+        config_class: Any = self.classes.get("AutoConfig")
+        if spec.code not in (None, spec.model) and config_class is not None:
+            self._with_config["config"] = config_class.from_pretrained(spec.model)
+        self.load_tokenizer()
+        for kind in spec.preload:
+            self.model_for(kind)
+
+    def load_tokenizer(self, config: Any = None) -> None:
+        """``AutoTokenizer`` of the model's folder, with a pad token (batches are padded).
+        ``config``: the model's config, built by the loaded code (the doctor has it)."""
+        from transformers import AutoTokenizer
+
+        if config is not None and self.spec.code not in (None, self.spec.model):
+            self._with_config["config"] = config
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            self.spec.model, revision=self.spec.options.revision, **self._with_config)
+        if self.tokenizer.pad_token is None:
+            fallback = self.tokenizer.eos_token or self.tokenizer.unk_token
+            if fallback is not None:
+                self.tokenizer.pad_token = fallback
+
+    def model_for(self, kind: str) -> Any:
+        import torch
+        from transformers import AutoModel, AutoModelForCausalLM
+
+        auto = AutoModel if kind == "embed" else AutoModelForCausalLM
+        key = auto.__name__
+        failed = getattr(self.classes, "failed", {})
+        if key in failed:  # the model's own class could not load: say why, not "not found"
+            raise failed[key]
+        if key not in self.models:
+            dtype = getattr(torch, self.spec.dtype) if self.spec.dtype else None
+            self.adopt(kind, auto.from_pretrained(self.spec.model,
+                                                  revision=self.spec.options.revision,
+                                                  dtype=dtype, **self._with_config))
+        return self.models[key]
+
+    def adopt(self, kind: str, model: Any) -> None:
+        """Serve ``kind`` with ``model`` (built by ``model_for``, or by the doctor from the
+        config): on the device, in eval mode; for ``generate`` the path it takes
+        (``generation.choose_path``, which needs the tokenizer's pad token)."""
+        key = "AutoModel" if kind == "embed" else "AutoModelForCausalLM"
+        self.models[key] = model.to(self.spec.device).eval()
+        if self.spec.device.split(":")[0] == "cpu" and _settings.cpu_pack_enabled():
+            from .packing import pack_linears
+
+            self.packed[key] = pack_linears(self.models[key])
+        if kind == "generate":
+            from .generation import choose_path
+            from .stream import choose
+
+            # engine (issue 20): the decode loop first, where it is taken (stream.choose).
+            requested = self.spec.generate_path
+            self.generate_path = choose(self.models[key], requested, self.spec.device,
+                                        self.tokenizer.pad_token_id) or choose_path(
+                self.models[key], "auto" if requested == "decode" else requested,
+                self.spec.device, self.tokenizer.pad_token_id)
+
+    def info(self) -> dict[str, Any]:
+        """What the ready message tells the parent: classes, and how ``generate`` runs."""
+        path, why = self.generate_path or (None, "generate is not preloaded")
+        return {"classes": sorted(self.classes), "generate_path": path, "generate_reason": why,
+                "packed_linears": sum(self.packed.values())}
+
+    def _encode(self, texts: list[str], *, left: bool, model: Any) -> tuple[Any, Any]:
+        """Model inputs (only those ``forward`` takes), and the attention mask."""
+        self.tokenizer.padding_side = "left" if left else "right"
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True)
+        # Tokenizers of BERT lineage also return token_type_ids, which a causal LM's
+        # forward (and generate's kwarg check) refuses: pass only what forward takes.
+        if id(model) not in self._accepted:  # inspect.signature costs ~0.1 ms a call
+            parameters = inspect.signature(model.forward).parameters
+            self._accepted[id(model)] = (set(parameters), any(
+                p.kind is p.VAR_KEYWORD for p in parameters.values()))
+        accepted, takes_any = self._accepted[id(model)]
+        inputs = {k: v.to(self.spec.device) for k, v in enc.items()
+                  if k in accepted or (takes_any and k != "token_type_ids")}
+        inputs.setdefault("input_ids", enc["input_ids"].to(self.spec.device))
+        return inputs, enc["attention_mask"].to(self.spec.device)
+
+    def generation_config(self) -> Any:
+        """The generate model's ``generation_config``: the defaults requests resolve over."""
+        return self.model_for("generate").generation_config
+
+    def defaults(self, options: dict[str, Any]) -> dict[str, Any]:
+        """A ``generate`` batch's options with this worker's defaults (``generate_options``)."""
+        return self.generate_options(self.model_for("generate"), options)
+
+    def generate_options(self, model: Any, options: dict[str, Any]) -> dict[str, Any]:
+        """A request's ``generate`` options with the worker's defaults: sampling or not as
+        the model's generation_config says (transformers' default: greedy), unless the caller
+        says (the continuous path asks which), the new-token limit, the pad token."""
+        options = {"do_sample": bool(model.generation_config.do_sample),
+                   "max_new_tokens": _settings.DEFAULT_MAX_NEW_TOKENS, **options}
+        if self.tokenizer.pad_token_id is not None:
+            options.setdefault("pad_token_id", self.tokenizer.pad_token_id)
+        return options
+
+    def stream(self) -> Any:
+        """A ``stream.Stream`` when this worker generates with the decode loop, else ``None``."""
+        if self.generate_path is None or self.generate_path[0] != "decode":
+            return None
+        from .stream import Stream
+
+        return Stream(self.model_for("generate"), self.tokenizer)
+
+    def generate(self, texts: list[str], options: dict[str, Any]) -> list[str]:
+        import torch
+
+        from .generation import continuous_supports, generate_continuous, lighter_min_new_tokens
+
+        model = self.model_for("generate")
+        options = self.generate_options(model, options)
+        assert self.generate_path is not None  # set when the model was built
+        if self.generate_path[0] == "decode":  # engine (issue 20): decode.py's loop
+            from .stream import generate as decode_generate
+
+            texts_out = decode_generate(model, self.tokenizer, texts, options)
+            if texts_out is not None:
+                return texts_out
+        if self.generate_path[0] == "continuous" and continuous_supports(options):
+            ids = self.tokenizer(texts)["input_ids"]  # unpadded: it pages, it does not pad
+            rows = generate_continuous(model, ids, options, model.generation_config.eos_token_id)
+            return [str(self.tokenizer.decode(row, skip_special_tokens=True)) for row in rows]
+        enc, _ = self._encode(texts, left=True, model=model)
+        options = lighter_min_new_tokens(options, enc["input_ids"].shape[1],
+                                         model.generation_config)
+        with torch.inference_mode():
+            out = model.generate(**enc, **options)
+        new = out[:, enc["input_ids"].shape[1]:]
+        return [str(self.tokenizer.decode(row, skip_special_tokens=True)) for row in new]
+
+    def complete(self, requests: list[Any], defaults: Any, chat_template: str | None,
+                 planned: Any = None) -> list[Any]:
+        """``Request`` values -> ``GenerateResult`` values: see ``complete``."""
+        from .complete import complete
+
+        return complete(self, requests, defaults, chat_template, planned)
+
+    def embed(self, texts: list[str], pooling: str) -> list[list[float]]:
+        import torch
+
+        model = self.model_for("embed")
+        enc, attention = self._encode(texts, left=False, model=model)
+        with torch.inference_mode():
+            hidden = model(**enc).last_hidden_state
+        mask = attention.unsqueeze(-1).to(hidden.dtype)
+        if pooling == "mean":
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+        elif pooling == "cls":
+            pooled = hidden[:, 0]
+        elif pooling == "last":
+            last = attention.sum(1) - 1
+            pooled = hidden[torch.arange(hidden.shape[0]), last]
+        else:
+            raise ValueError(f"unknown pooling {pooling!r}: use 'mean', 'cls' or 'last'")
+        return [row.float().tolist() for row in pooled]
+
+    def score(self, texts: list[str]) -> list[dict[str, Any]]:
+        import torch
+
+        model = self.model_for("score")
+        enc, attention = self._encode(texts, left=False, model=model)
+        with torch.inference_mode():
+            logits = model(**enc).logits.float()
+        logprobs = torch.log_softmax(logits[:, :-1], dim=-1)
+        targets = enc["input_ids"][:, 1:]
+        picked = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        mask = attention[:, 1:].bool()
+        results = []
+        for row in range(len(texts)):
+            ids = targets[row][mask[row]].tolist()
+            values = picked[row][mask[row]].tolist()
+            results.append({
+                "tokens": self.tokenizer.convert_ids_to_tokens(ids),
+                "token_logprobs": values,
+                "logprob": float(sum(values)),
+            })
+        return results

@@ -1,0 +1,45 @@
+"""What an executor worker starts from (``WorkerSpec``): pure data, pickled to each worker
+(and to each Ray actor), read by the worker's serving loop and by both engines."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .._trust.options import ModelOptions
+
+__all__ = ["WorkerSpec"]
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker starts from; it travels pickled (to a Ray actor too)."""
+
+    #: The folder the model is built from: config, tokenizer, weights.
+    model: str
+    #: Where the code is and whether it may run: the parent's ``ModelOptions.for_workers``,
+    #: its trust decision made and no token.
+    options: ModelOptions
+    device: str
+    dtype: str | None
+    threads: int
+    preload: tuple[str, ...]
+    #: The digest the parent checked: the worker runs exactly this code or fails with
+    #: ``CodeChangedError`` (``None``: whatever the trust or lock allows).
+    digest: str | None = None
+    #: ``auto``, ``continuous`` or ``batched``: see ``_generation.choose_path``.
+    generate_path: str = "auto"
+    #: ``transformers``, ``vllm`` or ``auto`` (vLLM, else transformers with the reason):
+    #: which engine generates (``build_engine``; the parent resolved ``auto`` when vLLM is
+    #: not installed).
+    engine: str = "transformers"
+    #: Keyword arguments of ``vllm.LLM`` for the vLLM engine (``Executor(engine_options=)``).
+    engine_options: tuple[tuple[str, Any], ...] = ()
+    #: ``False``: load and verify every class strictly, build nothing (``codeferry doctor``).
+    serve: bool = True
+    #: The folder of the code when it is another revision's than ``model``'s
+    #: (``code_revision``, as in transformers): the classes are loaded and verified from
+    #: here, the config, tokenizer and weights read from ``model`` with them.
+    #: ``None``: ``model``'s own code.
+    code: str | None = None

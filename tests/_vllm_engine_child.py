@@ -1,0 +1,103 @@
+"""Runs inside the vLLM environment (``CODEFERRY_VLLM_PYTHON``): ``codeferry.Executor`` with
+``engine="vllm"`` and ``engine="auto"`` against ``engine="transformers"`` on the same models
+(``tests/vllm/test_vllm_engine.py``).
+
+``python _vllm_engine_child.py REMOTE REFUSED OUT``: ``REMOTE`` is a remote-code model vLLM
+runs (``_vllm_child.py build``'s ``plain`` layout), ``REFUSED`` one it refuses (codeferry's
+bundled demo: an architecture vLLM does not know, whose attention is not transformers'
+interface). Writes what each engine gave as JSON to ``OUT``; the test compares them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PROMPTS = ["w1 w2 w3 w4 w5", "w7 w8", "w3 w9 w11 w12 w40 w41 w42", "w60"]
+#: vLLM's start-up kept short: no compiled graphs, a small context.
+FAST = {"max_model_len": 128, "enforce_eager": True}
+
+
+def lock_digest(worker: Any) -> str | None:
+    """In a worker: the digest of the lock its vLLM processes enforce (``CODEFERRY_LOCK``)."""
+    from codeferry._code.lockfile import read_lock
+
+    path = os.environ.get("CODEFERRY_LOCK")
+    return read_lock(path).digest if path else None
+
+
+def results(rows: list[Any]) -> list[dict[str, Any]]:
+    return [{"prompt_tokens": r.prompt_tokens,
+             "completions": [{"text": c.text, "tokens": list(c.token_ids),
+                              "finish": c.finish_reason, "stop_reason": c.stop_reason,
+                              "logprobs": None if c.logprobs is None else list(c.logprobs)}
+                             for c in r.completions]} for r in rows]
+
+
+def error_of(call: Any) -> dict[str, str] | None:
+    try:
+        call()
+    except Exception as exc:  # the test reads the type and the text
+        cause = exc.__cause__
+        return {"type": type(exc).__name__, "text": str(exc),
+                "cause": type(cause).__name__ if cause is not None else ""}
+    return None
+
+
+def greedy_params(reference: list[dict[str, Any]]) -> list[Any]:
+    """Per prompt, parameters that end it in each way a request can end: its length, a stop
+    string, a stop token, ``min_tokens``; each taken from the reference's greedy tokens."""
+    from codeferry import SamplingParams
+
+    first = reference[0]["completions"][0]
+    words = reference[1]["completions"][0]["text"].split()
+    third = reference[2]["completions"][0]["tokens"]
+    return [SamplingParams(max_tokens=8, temperature=0, logprobs=2),
+            SamplingParams(max_tokens=8, temperature=0, stop=[words[2]]),
+            SamplingParams(max_tokens=8, temperature=0, stop_token_ids=[third[3]]),
+            SamplingParams(max_tokens=6, min_tokens=6, temperature=0,
+                           stop_token_ids=[first["tokens"][0]])]
+
+
+def run_engine(model: str, engine: str, reference: list[dict[str, Any]] | None) -> dict[str, Any]:
+    from codeferry import Executor, SamplingParams
+
+    started = time.perf_counter()
+    out: dict[str, Any] = {}
+    with Executor(model, engine=engine, trust_remote_code=True, dtype="float32",
+                  engine_options=FAST if engine != "transformers" else None) as ex:
+        out.update(startup_s=time.perf_counter() - started, engine=ex.engine,
+                   info=ex.worker_info, digest=ex.digest,
+                   lock=ex.collective_rpc(lock_digest))
+        plain = [SamplingParams(max_tokens=8, temperature=0)] * len(PROMPTS)
+        out["plain"] = results(ex.generate(PROMPTS, plain))
+        out["ends"] = results(ex.generate(PROMPTS, greedy_params(reference or out["plain"])))
+        out["texts"] = ex.generate(PROMPTS, max_new_tokens=8, do_sample=False)
+        out["iter"] = sorted(o.index for o in ex.generate_iter(PROMPTS * 3, max_new_tokens=4))
+        seeded = SamplingParams(max_tokens=6, temperature=1.0, seed=7, n=2)
+        out["seeded"] = [results(ex.generate(PROMPTS[:2], seeded)) for _ in range(2)]
+        out["bad_option"] = error_of(lambda: ex.generate(PROMPTS[:1], num_beams=2))
+        out["embed"] = error_of(lambda: ex.embed(PROMPTS[:1]))
+    return out
+
+
+def main() -> None:
+    remote, refused, target = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    from codeferry import Executor
+
+    report: dict[str, Any] = {"transformers": run_engine(remote, "transformers", None)}
+    report["vllm"] = run_engine(remote, "vllm", report["transformers"]["plain"])
+    with Executor(refused, engine="auto", trust_remote_code=True) as ex:
+        report["auto_refused"] = {"engine": ex.engine, "info": ex.worker_info,
+                                  "texts": ex.generate(["hello"], max_new_tokens=4)}
+    report["vllm_refused"] = error_of(
+        lambda: Executor(refused, engine="vllm", trust_remote_code=True).close())
+    target.write_text(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

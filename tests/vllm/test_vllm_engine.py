@@ -1,0 +1,155 @@
+"""vLLM as the executor's engine (issue 20): ``Executor(engine="vllm" | "auto")`` in real vLLM.
+
+One child process in the vLLM environment (``tests/_vllm_engine_child.py``) runs the same
+calls through ``engine="transformers"`` and ``engine="vllm"`` on a remote-code model (the
+``plain`` layout of ``_vllm_child.py build``), then ``engine="auto"`` and ``engine="vllm"``
+on codeferry's bundled demo model, whose architecture vLLM does not know. Greedy outputs,
+cut every way a request can end, must be the same on both engines: tokens, texts, finish and
+stop reasons, logprobs within float tolerance. The code vLLM runs is bound to the digest the
+parent checked (the lock in ``CODEFERRY_LOCK``, and the probe lines of every class built).
+
+vLLM runs in its own environment (``CODEFERRY_VLLM_PYTHON``), as in ``test_vllm.py``: without
+it the module skips, except under CI, where it fails.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TESTS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TESTS))
+import _vllm_child  # noqa: E402 - stdlib only at import
+
+import codeferry  # noqa: E402
+from codeferry._exec.vllm_engine import choose_engine, vllm_version  # noqa: E402
+from codeferry.errors import ExtraMissingError  # noqa: E402
+
+PYTHON_ENV = "CODEFERRY_VLLM_PYTHON"
+CHILD = TESTS / "_vllm_engine_child.py"
+DEMO = Path(codeferry.__file__).resolve().parent / "demo"
+TIMEOUT = 900
+
+
+def _env(root: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("CODEFERRY_VLLM_PLUGIN", "CODEFERRY_LOCK", "VLLM_"))
+           and k not in {"OMP_NUM_THREADS", "HF_MODULES_CACHE"}}
+    for name in ("tmp", "vllm-cache", "hf"):
+        (root / name).mkdir(parents=True, exist_ok=True)
+    env.update(PYTHONPATH=str(TESTS.parent / "src"), HF_HUB_OFFLINE="1",
+               VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_CPU_KVCACHE_SPACE="1",
+               TOKENIZERS_PARALLELISM="false", TMPDIR=str(root / "tmp"),
+               VLLM_CACHE_ROOT=str(root / "vllm-cache"), HF_HOME=str(root / "hf"), **extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory,
+           vllm_built: Callable[[str, dict[str, str]], Path]) -> dict[str, Any]:
+    python = os.environ.get(PYTHON_ENV, "").strip()
+    if not python:
+        reason = f"no vLLM environment: set {PYTHON_ENV} (README 'Inside vLLM')"
+        if os.environ.get("CI"):
+            pytest.fail(f"under CI the vLLM engine test must run: {reason}")
+        pytest.skip(reason)
+    work = tmp_path_factory.mktemp("vllm_engine")
+    model = vllm_built(python, _env(work)) / "plain"
+    out, probe, log = work / "report.json", work / "probe.jsonl", work / "child.log"
+    with log.open("wb") as sink:
+        _vllm_child.run_in_group([python, str(CHILD), str(model), str(DEMO), str(out)],
+                                 env=_env(work, CODEFERRY_VLLM_PROBE=str(probe)), stdout=sink,
+                                 timeout=TIMEOUT)
+    assert out.exists(), log.read_text(errors="replace")[-6000:]
+    result: dict[str, Any] = json.loads(out.read_text())
+    result["probe"] = [json.loads(line) for line in probe.read_text().splitlines()]
+    return result
+
+
+def _same_logprobs(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> None:
+    assert [e["token_id"] for e in ours] == [e["token_id"] for e in theirs]
+    for a, b in zip(ours, theirs, strict=True):
+        assert math.isclose(a["logprob"], b["logprob"], abs_tol=1e-3), (a, b)
+        assert [t["token_id"] for t in a["top"]] == [t["token_id"] for t in b["top"]]
+
+
+def test_vllm_gives_the_transformers_engines_greedy_results(report: dict[str, Any]) -> None:
+    ours, theirs = report["transformers"], report["vllm"]
+    assert theirs["engine"] == "vllm" and ours["engine"] == "transformers"
+    assert [i["generate_path"] for i in theirs["info"]] == ["vllm"]
+    for call in ("plain", "ends"):
+        for mine, vllm in zip(ours[call], theirs[call], strict=True):
+            a, b = mine["completions"][0], vllm["completions"][0]
+            assert (a["tokens"], a["text"], a["finish"], a["stop_reason"]) == (
+                b["tokens"], b["text"], b["finish"], b["stop_reason"]), call
+            assert mine["prompt_tokens"] == vllm["prompt_tokens"]
+            if a["logprobs"] is not None:
+                _same_logprobs(a["logprobs"], b["logprobs"])
+    # every way a request ends, each ended that way (the parameters are built to)
+    assert [(r["completions"][0]["finish"], r["completions"][0]["stop_reason"] is not None)
+            for r in theirs["ends"]] == [("length", False), ("stop", True), ("stop", True),
+                                         ("length", False)]
+    assert theirs["ends"][0]["completions"][0]["logprobs"] is not None
+    assert theirs["texts"] == ours["texts"]  # generate() without params: plain strings
+    assert theirs["iter"] == list(range(12))  # generate_iter: every index once
+
+
+def test_vllm_samples_n_per_request_and_a_seed_repeats(report: dict[str, Any]) -> None:
+    first, again = report["vllm"]["seeded"]
+    assert [len(r["completions"]) for r in first] == [2, 2]
+    assert first == again
+
+
+def test_vllm_runs_exactly_the_code_the_parent_checked(report: dict[str, Any]) -> None:
+    theirs = report["vllm"]
+    # the worker binds vLLM to a lock of the digest the parent decided on...
+    assert theirs["lock"] == [theirs["digest"]]
+    assert set(report["transformers"]["lock"]) == {None}
+    # ...and every class vLLM built came through codeferry, under that lock
+    built = [r for r in report["probe"] if r["locked"]]
+    assert built, report["probe"]
+    assert all(r["config_module"].startswith("codeferry") and not r["transformers_modules"]
+               for r in built), built
+
+
+def test_errors_are_typed_and_not_retried(report: dict[str, Any]) -> None:
+    theirs = report["vllm"]
+    assert theirs["bad_option"]["cause"] == "SamplingParamsError"
+    assert "num_beams" in theirs["bad_option"]["text"]
+    assert "failed once (not retried)" in theirs["bad_option"]["text"]
+    assert theirs["embed"]["cause"] == "EngineRefusedError"
+    refused = report["vllm_refused"]
+    assert refused["type"] == "WorkerStartupError"
+    assert "EngineRefusedError" in refused["text"] and "CharlmForCausalLM" in refused["text"]
+
+
+def test_auto_falls_back_to_transformers_with_vllms_reason(report: dict[str, Any]) -> None:
+    auto = report["auto_refused"]
+    assert auto["engine"] == "auto"
+    (info,) = auto["info"]
+    assert info["generate_path"] != "vllm"
+    assert "vLLM 0.32" in info["generate_reason"]
+    assert "CharlmForCausalLM" in info["generate_reason"]
+    assert "transformers generates instead" in info["generate_reason"]
+    assert len(auto["texts"]) == 1
+
+
+def test_without_vllm_auto_is_transformers_and_vllm_is_refused_typed() -> None:
+    """This environment has no vLLM (the dev venv): the parent decides, before any worker."""
+    if vllm_version() is not None:  # (not find_spec: this folder, tests/vllm, is on sys.path)
+        pytest.skip("vLLM is installed here: the child's cases above cover it")
+    assert choose_engine("auto", "local") == ("transformers",
+                                              "engine='auto': vLLM is not installed here")
+    assert choose_engine("transformers", "local")[0] == "transformers"
+    with pytest.raises(ExtraMissingError) as info:
+        codeferry.Executor(DEMO, engine="vllm", trust_remote_code=True)
+    assert info.value.extra == "vllm"
+    with pytest.raises(ValueError, match="engine must be"):
+        codeferry.Executor(DEMO, engine="tensorrt")  # type: ignore[arg-type]
