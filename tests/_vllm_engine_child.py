@@ -1,6 +1,6 @@
 """Runs inside the vLLM environment (``CODEFERRY_VLLM_PYTHON``): ``codeferry.Executor`` with
-``engine="vllm"`` and ``engine="auto"`` against ``engine="transformers"`` on the same models
-(``tests/vllm/test_vllm_engine.py``).
+``engine="auto"`` (vLLM generating) against ``engine="transformers"`` on the same model, then
+``auto`` and ``vllm`` on a model vLLM refuses (``tests/vllm/test_vllm_engine.py``).
 
 ``python _vllm_engine_child.py REMOTE REFUSED OUT``: ``REMOTE`` is a remote-code model vLLM
 runs (``_vllm_child.py build``'s ``plain`` layout), ``REFUSED`` one it refuses (codeferry's
@@ -81,7 +81,7 @@ def run_engine(model: str, engine: str, reference: list[dict[str, Any]] | None) 
         seeded = SamplingParams(max_tokens=6, temperature=1.0, seed=7, n=2)
         out["seeded"] = [results(ex.generate(PROMPTS[:2], seeded)) for _ in range(2)]
         out["bad_option"] = error_of(lambda: ex.generate(PROMPTS[:1], num_beams=2))
-        out["embed"] = error_of(lambda: ex.embed(PROMPTS[:1]))
+        out["embed"] = ex.embed(PROMPTS[:2])  # auto: transformers' engine, in the same worker
     return out
 
 
@@ -90,7 +90,7 @@ def main() -> None:
     from codeferry import Executor
 
     report: dict[str, Any] = {"transformers": run_engine(remote, "transformers", None)}
-    report["vllm"] = run_engine(remote, "vllm", report["transformers"]["plain"])
+    report["vllm"] = run_engine(remote, "auto", report["transformers"]["plain"])
     with Executor(refused, engine="auto", trust_remote_code=True) as ex:
         report["auto_refused"] = {"engine": ex.engine, "info": ex.worker_info,
                                   "texts": ex.generate(["hello"], max_new_tokens=4)}

@@ -409,11 +409,11 @@ def _add_run(sub: _Commands) -> argparse.ArgumentParser:
                      help="a worker whose batch runs longer is killed and replaced, the batch "
                      "retried; a batch that times out every attempt stops the run (default: none)")
     run.add_argument("--engine", choices=["transformers", "vllm", "auto"],
-                     default="transformers",
-                     help="what generates in each worker: the model's transformers code "
-                     "(default), vLLM (one engine; a model vLLM cannot run fails at start-up), "
-                     "or auto (vLLM where it is installed and runs the model, transformers "
-                     "otherwise, the reason printed); see docs/executor.md")
+                     default="auto",
+                     help="what generates in each worker: auto (the default: vLLM where it is "
+                     "installed and runs the model, the model's transformers code otherwise, "
+                     "the reason printed), transformers, or vllm (a model vLLM cannot run "
+                     "fails at start-up); see docs/executor.md")
     add_sampling_flags(run)
     return run
 

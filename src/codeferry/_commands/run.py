@@ -32,6 +32,7 @@ from .._exec.files import may_have_chat_template
 from .._exec.layout import cpus, devices, layout
 from .._exec.params import Request, SamplingParams
 from .._exec.plan import prepare
+from .._exec.vllm_engine import choose_engine
 from .._trust.options import ModelOptions
 from ..errors import (
     ChatTemplateMissingError,
@@ -124,7 +125,7 @@ def run(
     batch_timeout: float | None = None,
     params: SamplingParams | None = None,
     chat_template: str | os.PathLike[str] | None = None,
-    engine: Literal["transformers", "vllm", "auto"] = "transformers",
+    engine: Literal["transformers", "vllm", "auto"] = "auto",
 ) -> RunResult:
     """Run ``task`` on every input of ``input_path``; write JSONL to ``output`` (``None``:
     ``stdout``), resuming an output that already holds some ids.
@@ -192,7 +193,7 @@ def run(
     result = RunResult(total=len(items), skipped=len(done), failed=state.failed - len(retried),
                        output=None if path is None else str(path))
     remaining = [item for item in items if item.id not in done]
-    if workers is None and engine != "transformers":
+    if workers is None and choose_engine(engine, backend, (task,))[0] != "transformers":
         workers = 1  # the executor's default: one vLLM engine batches every row itself
     if workers is None:  # the executor's default (layout.py)
         workers = layout(plan.device, backend, None, None, cpus=cpus(),

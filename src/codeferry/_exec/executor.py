@@ -102,11 +102,11 @@ class Executor:
     and replaced and the batch retried (``BatchTimeoutError`` is the last cause), so a
     hung forward pass cannot hang the caller.
 
-    ``engine``: ``"transformers"`` (the default: the model's own code, on the paths above),
-    ``"vllm"`` (one ``vllm.LLM`` in one worker, bound to the verified code; a model it cannot
-    run raises ``EngineRefusedError``) or ``"auto"`` (vLLM where it runs the model, else
-    transformers, the reason in ``worker_info``); ``engine_options``: keyword arguments of
-    ``vllm.LLM``. See ``vllm_engine``: vLLM starts in a minute where codeferry takes seconds.
+    ``engine``: ``"auto"`` (the default: vLLM where it is installed and runs the model, else
+    transformers, the reason in ``worker_info``), ``"transformers"`` (the model's own code, on
+    the paths above) or ``"vllm"`` (one ``vllm.LLM`` in one worker, bound to the verified
+    code; a model it cannot run raises ``EngineRefusedError``); ``engine_options``: keyword
+    arguments of ``vllm.LLM`` (``vllm_engine``; docs/executor.md "Engines").
 
     ``backend="ray"`` runs the workers as Ray actors across a cluster (``address`` or
     ``RAY_ADDRESS`` as for ``ray.init``; a local cluster otherwise), ``ray_resources``
@@ -146,7 +146,7 @@ class Executor:
         token: str | bool | None = None,
         local_files_only: bool | None = None,
         code_revision: str | None = None,
-        engine: Literal["transformers", "vllm", "auto"] = "transformers",
+        engine: Literal["transformers", "vllm", "auto"] = "auto",
         engine_options: dict[str, Any] | None = None,
     ) -> None:
         options = ModelOptions.of(locals())
@@ -158,7 +158,8 @@ class Executor:
             check_main_guard("spawn" if warm else start_method)  # the zygote is spawned
         #: The engine the workers get, and why (``choose_engine``); one vLLM engine batches
         #: every row itself, on every core: one worker unless told otherwise.
-        self.engine, self.engine_reason = choose_engine(engine, backend)
+        self.engine, self.engine_reason = choose_engine(
+            engine, backend, model.tasks if isinstance(model, Plan) else preload)
         workers = 1 if workers is None and self.engine != "transformers" else workers
         plan = model if isinstance(model, Plan) else prepare(
             model, options, tasks=preload, device=device, dtype=dtype, digest=digest,

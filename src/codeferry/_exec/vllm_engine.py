@@ -26,6 +26,7 @@ Embeddings and scores stay transformers' (``embed``, ``score``: ``EngineRefusedE
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,9 @@ __all__ = ["VllmEngine", "VllmStream", "auto_engine", "choose_engine", "sampling
 _OPTIONS = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens",
             "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
             "repetition_penalty": "repetition_penalty"}
+#: vLLM's ``enforce_eager`` unless ``engine_options`` says: no compiled graphs. Measured
+#: (docs/benchmarks.md): a start-up of about 16 s instead of 40-70 s, about 15% less speed.
+EAGER = True
 #: Options that say nothing to vLLM (the pad token of a batch it does not pad).
 _IGNORED = ("pad_token_id",)
 
@@ -58,9 +62,10 @@ def vllm_version() -> str | None:
     return None
 
 
-def choose_engine(engine: str, backend: str) -> tuple[str, str]:
+def choose_engine(engine: str, backend: str, tasks: Sequence[str] = ("generate",)
+                  ) -> tuple[str, str]:
     """``(engine the workers get, why)``: ``auto`` stays ``auto`` (each worker tries vLLM)
-    only where vLLM can be imported and the workers are local processes."""
+    only where vLLM can be imported, the workers are local processes and they generate."""
     if engine not in ("transformers", "vllm", "auto"):
         raise ValueError(f"engine must be 'transformers', 'vllm' or 'auto', got {engine!r}")
     if engine == "transformers":
@@ -74,6 +79,8 @@ def choose_engine(engine: str, backend: str) -> tuple[str, str]:
         return "transformers", "engine='auto': vLLM is not installed here"
     if engine == "auto" and backend != "local":
         return "transformers", "engine='auto': vLLM runs in local workers only"
+    if engine == "auto" and "generate" not in tasks:
+        return "transformers", "engine='auto': vLLM only generates, and these workers do not"
     return engine, f"engine={engine!r}: vLLM {version or '(not installed)'} where it runs the model"
 
 
@@ -166,6 +173,20 @@ def _logprobs(tokenizer: Any, tokens: list[int], steps: Any, top: int) -> list[d
     return rows
 
 
+def _saved_dtype(folder: str) -> str:
+    """The dtype the model is saved in (its config's ``dtype``), which transformers' engine
+    runs too; vLLM's own ``auto`` would run a float32 model in bfloat16 on CPU. ``auto``
+    where the config says nothing."""
+    import json
+
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "auto"
+    found = config.get("dtype") or config.get("torch_dtype")
+    return found if isinstance(found, str) and found != "auto" else "auto"
+
+
 def _why(exc: BaseException) -> str:
     """vLLM's refusal in one line: pydantic's ``Value error, ...`` line where there is one
     (without the list of every architecture vLLM knows), else the error's last line."""
@@ -188,6 +209,7 @@ class VllmEngine:
 
         self.spec = spec
         self.packed: dict[str, int] = {}
+        self._fallback: Any = None  # transformers' engine, for embed and score under auto
         version = vllm_version()
         if version is None:
             raise ExtraMissingError("engine='vllm' needs vLLM, which this Python cannot import.",
@@ -228,8 +250,8 @@ class VllmEngine:
         try:
             self.llm = LLM(**{"model": spec.model, "revision": options.revision,
                               "trust_remote_code": bool(bundle.files),
-                              "dtype": spec.dtype or "auto", "seed": 0,
-                              **dict(spec.engine_options)})
+                              "dtype": spec.dtype or _saved_dtype(spec.model), "seed": 0,
+                              "enforce_eager": EAGER, **dict(spec.engine_options)})
         except Exception as exc:
             raise EngineRefusedError(
                 f"vLLM {version} could not run {Path(spec.model).name}: {_why(exc)}.",
@@ -274,12 +296,25 @@ class VllmEngine:
                 return value
 
     def embed(self, texts: list[str], pooling: str) -> Any:
-        raise EngineRefusedError("engine='vllm' generates; embeddings are not served by it.",
-                                 engine="vllm", fix="use engine='transformers' for embed.")
+        return self._transformers("embed").embed(texts, pooling)
 
     def score(self, texts: list[str]) -> Any:
-        raise EngineRefusedError("engine='vllm' generates; scores are not served by it.",
-                                 engine="vllm", fix="use engine='transformers' for score.")
+        return self._transformers("score").score(texts)
+
+    def _transformers(self, kind: str) -> Any:
+        """What vLLM does not serve here: with ``auto``, transformers' engine, built in this
+        worker on first use; with ``vllm``, a refusal."""
+        if self.spec.engine != "auto":
+            raise EngineRefusedError(f"engine='vllm' generates; {kind} is not served by it.",
+                                     engine="vllm", fix=f"use engine='auto' or 'transformers' "
+                                     f"for {kind}.")
+        if self._fallback is None:
+            from dataclasses import replace
+
+            from .hf_engine import TransformersEngine
+
+            self._fallback = TransformersEngine(replace(self.spec, preload=()))
+        return self._fallback
 
 
 class VllmStream:
