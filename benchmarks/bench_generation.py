@@ -35,7 +35,10 @@ Transformers backend (``model_impl="transformers"``), both in ``--vllm-python``
 (``_vllm_generation.py``: one served engine each, started alone so that its start-up is
 timed alone, then kept for every workload, and stopped with SIGSTOP between its own calls,
 since an idle engine still polls for work); ``codeferry.Executor`` at its defaults and
-other settings; a plain transformers loop (``generate`` on batches of 8 in input order, 2
+other settings (its default engine, ``auto``, drives vLLM inside its worker where this
+script runs with a Python that has vLLM, e.g. ``--vllm-python``'s own, and transformers
+otherwise: run it both ways; ``--setting '{"engine": "transformers"}'`` names the
+transformers path); a plain transformers loop (``generate`` on batches of 8 in input order, 2
 threads). Every way: a warm-up call, then ``--reps`` rounds in which every way makes one
 timed call (medians): all ways, vLLM's included, are interleaved, so a ratio compares calls
 made under the same load. "tok/s": generated tokens (end-of-sequence included)

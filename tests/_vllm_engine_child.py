@@ -81,7 +81,7 @@ def run_engine(model: str, engine: str, reference: list[dict[str, Any]] | None) 
         seeded = SamplingParams(max_tokens=6, temperature=1.0, seed=7, n=2)
         out["seeded"] = [results(ex.generate(PROMPTS[:2], seeded)) for _ in range(2)]
         out["bad_option"] = error_of(lambda: ex.generate(PROMPTS[:1], num_beams=2))
-        out["embed"] = ex.embed(PROMPTS[:2])  # auto: transformers' engine, in the same worker
+        out["embed"] = error_of(lambda: ex.embed(PROMPTS[:1]))
     return out
 
 

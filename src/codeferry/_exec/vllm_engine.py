@@ -209,7 +209,6 @@ class VllmEngine:
 
         self.spec = spec
         self.packed: dict[str, int] = {}
-        self._fallback: Any = None  # transformers' engine, for embed and score under auto
         version = vllm_version()
         if version is None:
             raise ExtraMissingError("engine='vllm' needs vLLM, which this Python cannot import.",
@@ -296,25 +295,20 @@ class VllmEngine:
                 return value
 
     def embed(self, texts: list[str], pooling: str) -> Any:
-        return self._transformers("embed").embed(texts, pooling)
+        raise self._refused("embed")
 
     def score(self, texts: list[str]) -> Any:
-        return self._transformers("score").score(texts)
+        raise self._refused("score")
 
-    def _transformers(self, kind: str) -> Any:
-        """What vLLM does not serve here: with ``auto``, transformers' engine, built in this
-        worker on first use; with ``vllm``, a refusal."""
-        if self.spec.engine != "auto":
-            raise EngineRefusedError(f"engine='vllm' generates; {kind} is not served by it.",
-                                     engine="vllm", fix=f"use engine='auto' or 'transformers' "
-                                     f"for {kind}.")
-        if self._fallback is None:
-            from dataclasses import replace
-
-            from .hf_engine import TransformersEngine
-
-            self._fallback = TransformersEngine(replace(self.spec, preload=()))
-        return self._fallback
+    def _refused(self, kind: str) -> EngineRefusedError:
+        """vLLM only generates here, and transformers cannot build the model beside it: vLLM's
+        Transformers backend rewrites a remote model class in place (its compile decorator on
+        ``__init__``), so the class no longer builds outside vLLM in this process."""
+        return EngineRefusedError(
+            f"this worker generates with vLLM (engine={self.spec.engine!r}), which does not "
+            f"{kind}; transformers cannot build the model in the same process.", engine="vllm",
+            fix=f"use an Executor with engine='transformers' (or preload=('{kind}',), which "
+            f"auto gives transformers) for {kind}; `codeferry run --task {kind}` does this.")
 
 
 class VllmStream:
