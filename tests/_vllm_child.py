@@ -53,6 +53,22 @@ def run_in_group(args, *, env, stdout, timeout):
         child.wait()
 
 
+def child_env(root: Path, src: Path, **extra: str) -> dict[str, str]:
+    """A vLLM child's environment: ``src``'s codeferry, offline, every vLLM cache and
+    temporary file under ``root``, none of the parent's vLLM or codeferry lock settings."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("CODEFERRY_VLLM_PLUGIN", "CODEFERRY_LOCK", "VLLM_"))
+           and k not in {"OMP_NUM_THREADS", "HF_MODULES_CACHE"}}
+    for name in ("tmp", "vllm-cache", "hf"):
+        (root / name).mkdir(parents=True, exist_ok=True)
+    env.update(PYTHONPATH=str(src), HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
+               DO_NOT_TRACK="1", VLLM_CPU_KVCACHE_SPACE="1",
+               VLLM_WORKER_MULTIPROC_METHOD="spawn", TOKENIZERS_PARALLELISM="false",
+               TMPDIR=str(root / "tmp"), VLLM_CACHE_ROOT=str(root / "vllm-cache"),
+               HF_HOME=str(root / "hf"), **extra)
+    return env
+
+
 PROMPT = "w1 w2 w3 w4 w5"
 MAX_TOKENS = 8
 WORDS = 120  # vocabulary: 3 special tokens and w0..w119

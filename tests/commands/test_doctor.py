@@ -112,6 +112,11 @@ def test_the_doctor_generates_a_token_in_each_worker_as_run_does(tmp_path: Path)
         assert generated["path"] == "batched" and generated["reason"].startswith("cpu:")
         assert isinstance(generated["text"], str)
     assert "generated 1 token (batched" in render_doctor(report)
+    # which engine the default gives, read without starting vLLM (none in this environment)
+    assert report.workers[0].checks["engine"] == {"auto": "transformers",
+                                                  "reason": "vLLM is not installed here"}
+    assert "engine: transformers (--engine auto, the default: vLLM is not installed here)" \
+        in render_doctor(report)
     # Without a tokenizer there is nothing to generate from: said, and not a failure here.
     bare = doctor(str(model(tmp_path)), trust_remote_code=True, workers=1, start_method="fork")
     assert bare.ok and "skipped" in bare.workers[0].checks["generate"]

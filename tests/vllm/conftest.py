@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -29,3 +30,16 @@ def vllm_built(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, dict[
         return built[python]
 
     return build
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    """``CODEFERRY_VLLM_PYTHON``: the python of the vLLM environment; without it the test
+    skips, except under CI (``CI`` set), where the vLLM tests must run and it fails."""
+    python = os.environ.get("CODEFERRY_VLLM_PYTHON", "").strip()
+    if not python:
+        reason = "no vLLM environment: set CODEFERRY_VLLM_PYTHON (README 'Inside vLLM')"
+        if os.environ.get("CI"):
+            pytest.fail(f"under CI the vLLM tests must run: {reason}")
+        pytest.skip(reason)
+    return python

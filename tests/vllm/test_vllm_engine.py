@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -33,39 +32,24 @@ import codeferry  # noqa: E402
 from codeferry._exec.vllm_engine import choose_engine, vllm_version  # noqa: E402
 from codeferry.errors import ExtraMissingError  # noqa: E402
 
-PYTHON_ENV = "CODEFERRY_VLLM_PYTHON"
 CHILD = TESTS / "_vllm_engine_child.py"
 DEMO = Path(codeferry.__file__).resolve().parent / "demo"
 TIMEOUT = 900
 
 
 def _env(root: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("CODEFERRY_VLLM_PLUGIN", "CODEFERRY_LOCK", "VLLM_"))
-           and k not in {"OMP_NUM_THREADS", "HF_MODULES_CACHE"}}
-    for name in ("tmp", "vllm-cache", "hf"):
-        (root / name).mkdir(parents=True, exist_ok=True)
-    env.update(PYTHONPATH=str(TESTS.parent / "src"), HF_HUB_OFFLINE="1",
-               VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_CPU_KVCACHE_SPACE="1",
-               TOKENIZERS_PARALLELISM="false", TMPDIR=str(root / "tmp"),
-               VLLM_CACHE_ROOT=str(root / "vllm-cache"), HF_HOME=str(root / "hf"), **extra)
-    return env
+    return _vllm_child.child_env(root, TESTS.parent / "src", **extra)
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory,
-           vllm_built: Callable[[str, dict[str, str]], Path]) -> dict[str, Any]:
-    python = os.environ.get(PYTHON_ENV, "").strip()
-    if not python:
-        reason = f"no vLLM environment: set {PYTHON_ENV} (README 'Inside vLLM')"
-        if os.environ.get("CI"):
-            pytest.fail(f"under CI the vLLM engine test must run: {reason}")
-        pytest.skip(reason)
+           vllm_built: Callable[[str, dict[str, str]], Path],
+           vllm_python: str) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("vllm_engine")
-    model = vllm_built(python, _env(work)) / "plain"
+    model = vllm_built(vllm_python, _env(work)) / "plain"
     out, probe, log = work / "report.json", work / "probe.jsonl", work / "child.log"
     with log.open("wb") as sink:
-        _vllm_child.run_in_group([python, str(CHILD), str(model), str(DEMO), str(out)],
+        _vllm_child.run_in_group([vllm_python, str(CHILD), str(model), str(DEMO), str(out)],
                                  env=_env(work, CODEFERRY_VLLM_PROBE=str(probe)), stdout=sink,
                                  timeout=TIMEOUT)
     assert out.exists(), log.read_text(errors="replace")[-6000:]

@@ -19,7 +19,6 @@ it the module skips, except under CI, where it fails.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from collections.abc import Callable
@@ -34,7 +33,6 @@ import _vllm_child  # noqa: E402 - stdlib only at import
 
 import codeferry  # noqa: E402
 
-PYTHON_ENV = "CODEFERRY_VLLM_PYTHON"
 TIMEOUT = 600
 TEMPLATE = ("{% for m in messages %}{{ m['content'] }} {% endfor %}"
             "{% if add_generation_prompt %}w0{% endif %}")
@@ -60,33 +58,18 @@ BATCH = [
 
 
 def _env(root: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("CODEFERRY_VLLM_PLUGIN", "CODEFERRY_LOCK", "VLLM_"))
-           and k not in {"OMP_NUM_THREADS", "HF_MODULES_CACHE"}}
-    for name in ("tmp", "vllm-cache", "hf"):
-        (root / name).mkdir(parents=True, exist_ok=True)
-    env.update(PYTHONPATH=str(TESTS.parent / "src"), HF_HUB_OFFLINE="1",
-               VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_CPU_KVCACHE_SPACE="1",
-               VLLM_WORKER_MULTIPROC_METHOD="spawn", TOKENIZERS_PARALLELISM="false",
-               TMPDIR=str(root / "tmp"), VLLM_CACHE_ROOT=str(root / "vllm-cache"),
-               HF_HOME=str(root / "hf"))
-    return env
+    return _vllm_child.child_env(root, TESTS.parent / "src")
 
 
 @pytest.fixture(scope="session")
 def outputs(tmp_path_factory: pytest.TempPathFactory,
-            vllm_built: Callable[[str, dict[str, str]], Path]) -> tuple[list[Any], list[Any]]:
+            vllm_built: Callable[[str, dict[str, str]], Path],
+            vllm_python: str) -> tuple[list[Any], list[Any]]:
     """(vLLM's output lines, codeferry's) for ``BATCH`` on the same model."""
-    python = os.environ.get(PYTHON_ENV, "").strip()
-    if not python:
-        reason = f"no vLLM environment: set {PYTHON_ENV} (README 'Inside vLLM')"
-        if os.environ.get("CI"):
-            pytest.fail(f"under CI the vLLM comparison must run: {reason}")
-        pytest.skip(reason)
     work = tmp_path_factory.mktemp("run_batch")
     env = _env(work)
     # the session's reference model (test_vllm.py's too), copied: a chat template is added
-    model = Path(shutil.copytree(vllm_built(python, env) / "reference", work / "reference"))
+    model = Path(shutil.copytree(vllm_built(vllm_python, env) / "reference", work / "reference"))
     settings = json.loads((model / "tokenizer_config.json").read_text())
     (model / "tokenizer_config.json").write_text(json.dumps({**settings,
                                                              "chat_template": TEMPLATE}))
@@ -95,7 +78,7 @@ def outputs(tmp_path_factory: pytest.TempPathFactory,
     theirs, ours = work / "vllm.jsonl", work / "codeferry.jsonl"
     with (work / "vllm.log").open("wb") as log:
         _vllm_child.run_in_group(
-            [python, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(source), "-o",
+            [vllm_python, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(source), "-o",
              str(theirs), "--model", str(model), "--served-model-name", "tiny",
              "--dtype", "float32", "--max-model-len", "128", "--enforce-eager", "--seed", "0"],
             env=env, stdout=log, timeout=TIMEOUT)

@@ -109,7 +109,7 @@ def doctor_checks(worker: Any, config_bytes: bytes) -> dict[str, Any]:
 
     engine, why = auto_engine(list(getattr(config, "architectures", None) or []),
                               classes.get("AutoModelForCausalLM"))
-    checks["engine"] = {"default": "transformers", "auto": engine, "reason": why}
+    checks["engine"] = {"auto": engine, "reason": why}
     if causal is None:  # a plain architecture: transformers' own class
         causal = _plain_causal_lm(config)
     if config_cls is not None and type(config) is not config_cls:
@@ -276,8 +276,8 @@ def render_doctor(report: DoctorReport) -> str:
             lines.append(f"  worker {w.worker}  ok     {w.seconds or 0:.2f}s  built {built}{at}")
             engine = w.checks.get("engine")
             if engine:
-                lines.append(f"    engine: transformers (the default); --engine auto: "
-                             f"{engine['auto']} ({engine['reason']})")
+                lines.append(f"    engine: {engine['auto']} (--engine auto, the default: "
+                             f"{engine['reason']})")
             gen = w.checks.get("generate_path")
             if gen:
                 lines.append(f"    generate: {gen['cpu']} on cpu, {gen['accelerator']} on an "
