@@ -68,7 +68,8 @@ def run_engine(model: str, engine: str, reference: list[dict[str, Any]] | None) 
 
     started = time.perf_counter()
     out: dict[str, Any] = {}
-    with Executor(model, engine=engine, trust_remote_code=True, dtype="float32",
+    # no dtype: each engine runs the model's saved one (float32), vLLM's too (not its "auto")
+    with Executor(model, engine=engine, trust_remote_code=True,
                   engine_options=FAST if engine != "transformers" else None) as ex:
         out.update(startup_s=time.perf_counter() - started, engine=ex.engine,
                    info=ex.worker_info, digest=ex.digest,
@@ -88,8 +89,12 @@ def run_engine(model: str, engine: str, reference: list[dict[str, Any]] | None) 
 def main() -> None:
     remote, refused, target = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     from codeferry import Executor
+    from codeferry._exec.vllm_engine import choose_engine
 
     report: dict[str, Any] = {"transformers": run_engine(remote, "transformers", None)}
+    # vLLM is installed here: auto keeps it only for local workers that generate
+    report["choices"] = [list(choose_engine("auto", "local", ("embed",))),
+                         list(choose_engine("auto", "ray")), list(choose_engine("auto", "local"))]
     report["vllm"] = run_engine(remote, "auto", report["transformers"]["plain"])
     with Executor(refused, engine="auto", trust_remote_code=True) as ex:
         report["auto_refused"] = {"engine": ex.engine, "info": ex.worker_info,

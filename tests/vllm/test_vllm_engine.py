@@ -116,6 +116,13 @@ def test_errors_are_typed_and_not_retried(report: dict[str, Any]) -> None:
     assert "EngineRefusedError" in refused["text"] and "CharlmForCausalLM" in refused["text"]
 
 
+def test_auto_keeps_vllm_only_for_local_workers_that_generate(report: dict[str, Any]) -> None:
+    embed, ray, local = report["choices"]
+    assert embed == ["transformers", "engine='auto': vLLM only generates, and these workers do not"]
+    assert ray == ["transformers", "engine='auto': vLLM runs in local workers only"]
+    assert local[0] == "auto" and "vLLM 0.32" in local[1]
+
+
 def test_auto_falls_back_to_transformers_with_vllms_reason(report: dict[str, Any]) -> None:
     auto = report["auto_refused"]
     assert auto["engine"] == "auto"

@@ -25,7 +25,9 @@ Embeddings and scores stay transformers' (``embed``, ``score``: ``EngineRefusedE
 
 from __future__ import annotations
 
+import shutil
 import tempfile
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -208,7 +210,6 @@ class VllmEngine:
         from .._load import load_pinned, load_with
 
         self.spec = spec
-        self.packed: dict[str, int] = {}
         version = vllm_version()
         if version is None:
             raise ExtraMissingError("engine='vllm' needs vLLM, which this Python cannot import.",
@@ -229,8 +230,9 @@ class VllmEngine:
         if lock is None and bundle.files:
             lock = Lock.from_bundle(bundle)  # exactly the code this worker verified
         if lock is not None:
-            self._lock_dir = tempfile.mkdtemp(prefix="codeferry-vllm-lock-")
-            path = Path(self._lock_dir) / "code.lock"
+            folder = tempfile.mkdtemp(prefix="codeferry-vllm-lock-")
+            weakref.finalize(self, shutil.rmtree, folder, True)  # gone with the engine
+            path = Path(folder) / "code.lock"
             path.write_text(lock.dumps() if isinstance(lock, Lock) else
                             Path(lock).read_text(encoding="utf-8"), encoding="utf-8")
             _settings.set_lock_file(str(path))
