@@ -25,6 +25,8 @@ from _helpers import GENERATED, read_jsonl, write_jsonl
 
 import codeferry
 from codeferry import cli, errors
+from codeferry._commands.inputs import read_inputs
+from codeferry._commands.record import check_record, producer, write_record
 from codeferry._commands.run import record_path, run
 from codeferry._trust import options as _options
 from codeferry.errors import CodeChangedError, ResumeMismatchError
@@ -105,6 +107,53 @@ def test_a_resume_by_another_producer_is_refused_unless_forced(
         "format": "codeferry-run/2", **producer, "digest": second,
                               "earlier": [producer], "inputs": digests(ROWS[:6])}
     capsys.readouterr()
+
+
+def test_the_engine_is_recorded_and_a_resume_by_another_engine_is_refused(
+    tmp_path: Path,
+) -> None:
+    """An output a vLLM engine wrote names it in its record; transformers (every record
+    before engines) names none. Under ``auto`` the engine is known only once the workers
+    start (``pending``): until then the recorded one stands, then it is checked."""
+    model = write_model(tmp_path / "eng", ModelSpec(name="eng", tokenizer=True))
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_jsonl(source, ROWS[:4])
+    run(model, source, output, max_new_tokens=3, **FAST)  # no vLLM here: transformers
+    assert "engine" not in record(output)["options"]
+    items = read_inputs(source, "generate")
+    written = {row["id"] for row in read_jsonl(output)}
+    bundle = codeferry.resolve(model)
+
+    def made(engine: str | None) -> dict[str, Any]:
+        return producer(bundle, str(model.resolve()), "generate", 3, None, None, engine=engine)
+
+    assert "engine" not in made("transformers")["options"]
+    assert check_record(output, made("transformers"), items, written, False) is None
+    with pytest.raises(ResumeMismatchError) as info:
+        check_record(output, made("vllm"), items, written, False)
+    assert info.value.differences == {"engine": ("transformers", "vllm")}
+    # auto before its workers start: nothing to refuse yet, nothing rewritten
+    assert check_record(output, made(None), items, written, False, pending=("engine",)) is None
+
+    # lines a vLLM engine wrote: resumed by vLLM, refused to transformers, the other way too
+    write_record(output, {**record(output), **made("vllm")})
+    assert check_record(output, made("vllm"), items, written, False) is None
+    assert check_record(output, made(None), items, written, False, pending=("engine",)) is None
+    with pytest.raises(ResumeMismatchError) as info:
+        check_record(output, made("transformers"), items, written, False)
+    assert info.value.differences == {"engine": ("vllm", "transformers")}
+    # a real run, whose engine is known before it starts (no vLLM: transformers): refused,
+    # the output untouched
+    kept = output.read_bytes()
+    write_jsonl(source, ROWS[:6])
+    with pytest.raises(ResumeMismatchError) as info:
+        run(model, source, output, max_new_tokens=3, **FAST)
+    assert info.value.differences == {"engine": ("vllm", "transformers")}
+    assert output.read_bytes() == kept
+    # forced: appended, and the record keeps the engine of the earlier lines
+    assert run(model, source, output, max_new_tokens=3, force_resume=True, **FAST).written == 2
+    assert [e["options"].get("engine") for e in record(output)["earlier"]] == ["vllm"]
+    assert "engine" not in record(output)["options"]
 
 
 def test_an_output_without_its_record_is_resumed_only_when_forced(tmp_path: Path) -> None:

@@ -18,7 +18,10 @@ model), for every input of the run that wrote the record. A resume is checked ag
   checked, ``ResumeUncheckedError``.
 
 ``options`` holds the sampling defaults (``params``) and the chat template's digest only
-when a run sets them, so records written before they existed still match. When a run ends
+when a run sets them, and the engine (``engine``) only when it is not transformers (every
+record before engines existed was written by transformers), so records written before they
+existed still match. A run whose engine is ``auto`` learns it when its workers start:
+it is checked then (``pending``), against the engine recorded. When a run ends
 (complete or not), ``summary`` records what it did: written, failed, skipped, seconds,
 prompt and completion tokens, tokens per second.
 
@@ -62,10 +65,11 @@ def record_path(output: Path) -> Path:
 
 def producer(bundle: Bundle, weights: str, task: Task, max_new_tokens: int | None,
              pooling: str | None, dtype: str | None, *, params: dict[str, Any] | None = None,
-             chat_template: str | None = None) -> dict[str, Any]:
+             chat_template: str | None = None, engine: str | None = None) -> dict[str, Any]:
     """What decides an output's lines: the model (``weights``: where its weights are from,
     its name), its code, the task and its options (``params``: the sampling defaults set;
-    ``chat_template``: the digest of the template given)."""
+    ``chat_template``: the digest of the template given; ``engine``: what generates, ``None``
+    while not known)."""
     options: dict[str, Any] = {"dtype": dtype}
     if task == "generate":
         options["max_new_tokens"] = max_new_tokens or _settings.DEFAULT_MAX_NEW_TOKENS
@@ -73,6 +77,8 @@ def producer(bundle: Bundle, weights: str, task: Task, max_new_tokens: int | Non
             options["params"] = params
         if chat_template is not None:
             options["chat_template"] = text_digest(chat_template)
+        if engine not in (None, "transformers"):
+            options["engine"] = engine
     elif task == "embed":
         options["pooling"] = pooling or "mean"
     return {"model": weights, "digest": bundle.digest, "task": task,
@@ -93,35 +99,47 @@ def _flat(producer: dict[str, Any]) -> dict[str, Any]:
     options = producer.get("options")
     for key, value in sorted((options if isinstance(options, dict) else {}).items()):
         fields[key] = value
+    if fields["task"] == "generate":  # a record that names no engine: transformers wrote it
+        fields.setdefault("engine", "transformers")
     return fields
 
 
 def check_record(output: Path, producer: dict[str, Any], items: Sequence[InputItem],
-                 written: set[Id], force: bool) -> dict[str, Any] | None:
+                 written: set[Id], force: bool, pending: Sequence[str] = ()
+                 ) -> dict[str, Any] | None:
     """The record to write before the first line (``None``: the one there is right).
 
     ``written``: the ids the output holds already. Raises ``ResumeMismatchError`` (or its
     ``InputChangedError``, ``ResumeUncheckedError``) when they cannot be resumed, unless
-    ``force``.
+    ``force``. ``pending``: options not known yet (the engine of ``auto``, until the workers
+    start); the record's own values stand for them, and the caller checks again once known.
     """
     path = record_path(output)
-    fresh = {"format": _RECORD_FORMAT, **producer, "earlier": [], "inputs": input_digests(items)}
+    recorded: Any = None
+    failure: OSError | ValueError | None = None
     try:
-        recorded: Any = json.loads(path.read_bytes())
-    except FileNotFoundError:
+        recorded = json.loads(path.read_bytes())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        failure = exc
+    kept = recorded.get("options") if isinstance(recorded, dict) else None
+    if pending and isinstance(kept, dict):
+        producer = {**producer, "options": {**producer["options"],
+                                            **{k: kept[k] for k in pending if k in kept}}}
+    fresh = {"format": _RECORD_FORMAT, **producer, "earlier": [], "inputs": input_digests(items)}
+    if isinstance(failure, FileNotFoundError):
         if written and not force:
             raise ResumeUncheckedError(
                 f"the output holds {len(written)} lines but no record of what produced them is "
                 f"beside it ({path.name}): a resume cannot check the model, its options or "
                 "the input they answer.", path=str(output),
                 fix=f"move the record back beside it, choose another --output, or {_FORCE} "
-                "(trusting the lines there).") from None
+                "(trusting the lines there).")
         return fresh
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    if failure is not None:
         if not written or force:
             return fresh
         raise OutputError(
-            f"cannot read {path}, the record of what produced {output}: {exc}.",
+            f"cannot read {path}, the record of what produced {output}: {failure}.",
             path=str(path), fix="delete the output and its record to start over, or pass "
             "--force-resume to append to it anyway.") from None
     if not written:
@@ -129,7 +147,10 @@ def check_record(output: Path, producer: dict[str, Any], items: Sequence[InputIt
     if not isinstance(recorded, dict) or recorded.get("format") not in _FORMATS:
         recorded = {}
     before, now = _flat(recorded), _flat(producer)
-    differences = {key: (before.get(key), now[key]) for key in now if before.get(key) != now[key]}
+    # both ways: an option the record has and this run lacks (an engine, sampling defaults)
+    keys = [*now, *(key for key in before if key not in now)]
+    differences = {key: (before.get(key), now.get(key)) for key in keys
+                   if before.get(key) != now.get(key)}
     earlier = recorded.get("earlier")
     earlier = earlier if isinstance(earlier, list) else []
     if differences:

@@ -174,16 +174,22 @@ def run(
             f"{plan.weights.root}).", path=str(input_path),
             fix="pass --chat-template FILE (a Jinja template), or send prompts instead.")
 
+    chosen = choose_engine(engine, backend, (task,))[0]
+    pending = ("engine",) if chosen == "auto" else ()  # known once the workers start
+
+    def made(engine_name: str | None) -> dict[str, Any]:
+        return producer(plan.bundle, plan.weights.name, task, max_new_tokens, pooling,
+                        plan.dtype, params=params.set_fields() if params else None,
+                        chat_template=template, engine=engine_name)
+
     path = None if output is None or str(output) == "-" else Path(output)
     sink = Sink(path, out)
     state = sink.open(items, task)  # locked and read; nothing in it changed yet
     record = None
     if path is not None and not sink.stream:
         try:
-            record = check_record(path, producer(
-                plan.bundle, plan.weights.name, task, max_new_tokens, pooling, plan.dtype,
-                params=params.set_fields() if params else None, chat_template=template),
-                items, state.ids, force_resume)
+            record = check_record(path, made(chosen if chosen != "auto" else None), items,
+                                  state.ids, force_resume, pending=pending)
             sink.repair(state)
         except BaseException:
             sink.close(discard=True)
@@ -193,7 +199,7 @@ def run(
     result = RunResult(total=len(items), skipped=len(done), failed=state.failed - len(retried),
                        output=None if path is None else str(path))
     remaining = [item for item in items if item.id not in done]
-    if workers is None and choose_engine(engine, backend, (task,))[0] != "transformers":
+    if workers is None and chosen != "transformers":
         workers = 1  # the executor's default: one vLLM engine batches every row itself
     if workers is None:  # the executor's default (layout.py)
         workers = layout(plan.device, backend, None, None, cpus=cpus(),
@@ -232,6 +238,13 @@ def run(
             raise
         with executor:
             try:
+                if pending and path is not None and not sink.stream:
+                    # auto's engine, now known: checked against the record, then recorded
+                    ran = {i.get("engine", "transformers") for i in executor.worker_info}
+                    late = check_record(path, made("vllm" if "vllm" in ran else "transformers"),
+                                        items, state.ids, force_resume)
+                    if late is not None:
+                        write_record(path, late)
                 if retried:
                     sink.rewrite([item.id for item in items], state)
                 if task == "generate":

@@ -109,7 +109,7 @@ class TransformersEngine:
         """What the ready message tells the parent: classes, and how ``generate`` runs."""
         path, why = self.generate_path or (None, "generate is not preloaded")
         return {"classes": sorted(self.classes), "generate_path": path, "generate_reason": why,
-                "packed_linears": sum(self.packed.values())}
+                "packed_linears": sum(self.packed.values()), "engine": "transformers"}
 
     def _encode(self, texts: list[str], *, left: bool, model: Any) -> tuple[Any, Any]:
         """Model inputs (only those ``forward`` takes), and the attention mask."""
