@@ -86,6 +86,25 @@ def run_engine(model: str, engine: str, reference: list[dict[str, Any]] | None) 
     return out
 
 
+def run_and_resume(model: str, work: Path) -> dict[str, Any]:
+    """``codeferry run`` under ``auto`` (vLLM generating), then a resume by transformers."""
+    from codeferry._commands.run import record_path, run
+
+    source, output = work / "in.jsonl", work / "out.jsonl"
+    source.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n"
+                              for i, p in enumerate(PROMPTS)))
+    done = run(model, source, output, max_new_tokens=4, trust_remote_code=True, progress=False)
+    recorded = json.loads(record_path(output).read_text())
+    source.write_text(source.read_text() + json.dumps({"id": 99, "prompt": "w5 w6"}) + "\n")
+    before = output.read_bytes()
+    return {"written": done.written, "options": recorded["options"],
+            "lines": len(output.read_text().splitlines()),
+            "resumed_by_transformers": error_of(lambda: run(
+                model, source, output, max_new_tokens=4, trust_remote_code=True,
+                progress=False, engine="transformers")),
+            "untouched": output.read_bytes() == before}
+
+
 def main() -> None:
     remote, refused, target = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     from codeferry import Executor
@@ -96,6 +115,7 @@ def main() -> None:
     report["choices"] = [list(choose_engine("auto", "local", ("embed",))),
                          list(choose_engine("auto", "ray")), list(choose_engine("auto", "local"))]
     report["vllm"] = run_engine(remote, "auto", report["transformers"]["plain"])
+    report["run"] = run_and_resume(remote, target.parent)
     with Executor(refused, engine="auto", trust_remote_code=True) as ex:
         report["auto_refused"] = {"engine": ex.engine, "info": ex.worker_info,
                                   "texts": ex.generate(["hello"], max_new_tokens=4)}

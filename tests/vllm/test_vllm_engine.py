@@ -8,6 +8,7 @@ demo model, whose architecture vLLM does not know. Greedy outputs,
 cut every way a request can end, must be the same on both engines: tokens, texts, finish and
 stop reasons, logprobs within float tolerance. The code vLLM runs is bound to the digest the
 parent checked (the lock in ``CODEFERRY_LOCK``, and the probe lines of every class built).
+``codeferry run`` under ``auto`` records the engine, and a resume by transformers is refused.
 
 vLLM runs in its own environment (``CODEFERRY_VLLM_PYTHON``), as in ``test_vllm.py``: without
 it the module skips, except under CI, where it fails.
@@ -121,6 +122,18 @@ def test_auto_keeps_vllm_only_for_local_workers_that_generate(report: dict[str, 
     assert embed == ["transformers", "engine='auto': vLLM only generates, and these workers do not"]
     assert ray == ["transformers", "engine='auto': vLLM runs in local workers only"]
     assert local[0] == "auto" and "vLLM 0.32" in local[1]
+
+
+def test_codeferry_run_records_the_vllm_engine_and_refuses_a_resume_by_another(
+    report: dict[str, Any],
+) -> None:
+    run = report["run"]
+    assert run["written"] == run["lines"] == 4
+    assert run["options"]["engine"] == "vllm", run  # auto's engine, known once started
+    refused = run["resumed_by_transformers"]
+    assert refused and refused["type"] == "ResumeMismatchError", refused
+    assert '"vllm"' in refused["text"] and '"transformers"' in refused["text"], refused
+    assert run["untouched"]
 
 
 def test_auto_falls_back_to_transformers_with_vllms_reason(report: dict[str, Any]) -> None:
