@@ -55,7 +55,8 @@ def test_pools_started_before_the_load_in_every_mode(
         reports[mode] = last_json(run(mode, argv, root=tmp_path, hub_cache=context_hub_cache))
     show("pools", reports)
     assert {layout: outcomes(reports["plain"][layout]) for layout in PLAIN} == PLAIN
-    routed = {"config": "codeferry", "model": "codeferry", "same_config_class": True}
+    routed = {"config": "codeferry", "model": "codeferry", "same_config_class": True,
+              "generate_hook": "codeferry"}
     for mode in ("codeferry", "exec"):
         for layout in LAYOUTS:
             report = reports[mode][layout]
@@ -71,4 +72,5 @@ def test_pools_started_before_the_load_in_every_mode(
             elif layout == "subpackage":  # plain transformers in the worker: no helper
                 assert report["loky"]["error"] == "FileNotFoundError", report
             else:
-                assert report["loky"] == {**routed, "model": "transformers_modules"}, report
+                assert report["loky"] == {**routed, "model": "transformers_modules",
+                                          "generate_hook": "transformers"}, report

@@ -3,13 +3,14 @@
 Real processes only: each script below is plain transformers (no import of codeferry) and is
 run under ``python -m codeferry exec`` and, side by side, without it. Every run gets a fresh
 transformers module cache and codeferry store, so every process loads from nothing.
+Pools, torchrun ranks and the other ways users start processes under ``codeferry exec`` are
+``tests/contexts`` (every start method, layout and mode).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -17,80 +18,10 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import pytest
 from _helpers import unique_model
 
 import codeferry
 from codeferry._install.switch import BOOT
-
-#: Plain transformers: the config loaded here, then sent to a spawn and a forkserver pool,
-#: whose worker builds the model (from_pretrained) and compares the classes.
-POOL_SCRIPT = textwrap.dedent("""
-    import concurrent.futures as cf
-    import json
-    import multiprocessing as mp
-    import sys
-
-    from transformers import AutoConfig
-
-
-    def child(config, folder):
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
-        from transformers.models.auto import auto_factory
-
-        return {"config_module": type(config).__module__, "model_module": type(model).__module__,
-                "same_config_class": type(model.config) is type(config),
-                "generate_hook": auto_factory.add_generation_mixin_to_remote_model.__module__}
-
-
-    def error(exc):
-        return {"error": f"{type(exc).__name__}: {exc}"}
-
-
-    if __name__ == "__main__":
-        folder = sys.argv[1]
-        report = {}
-        try:
-            config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
-            report["parent"] = {"config_module": type(config).__module__}
-        except Exception as exc:
-            report["parent"] = error(exc)
-        for method in ("spawn", "forkserver"):
-            if "error" in report["parent"]:
-                break
-            try:
-                with cf.ProcessPoolExecutor(1, mp_context=mp.get_context(method)) as pool:
-                    report[method] = pool.submit(child, config, folder).result(timeout=300)
-            except Exception as exc:
-                report[method] = error(exc)
-        print(json.dumps(report))
-""")
-
-#: Every torchrun rank loads at once (after a barrier), then the ranks swap their configs.
-RANKS_SCRIPT = textwrap.dedent("""
-    import json
-    import sys
-
-    import torch.distributed as dist
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    folder, out = sys.argv[1], sys.argv[2]
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    dist.barrier()
-    config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
-    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
-    configs = [None] * world
-    dist.all_gather_object(configs, config)
-    report = {"config_module": type(config).__module__, "model_module": type(model).__module__,
-              "same_config_class": type(model.config) is type(config),
-              "gathered_same_class": all(type(c) is type(config) for c in configs)}
-    with open(f"{out}/rank{rank}.json", "w") as handle:
-        json.dump(report, handle)
-    dist.destroy_process_group()
-""")
 
 #: AutoConfig here and in a spawned child: what each got ("loaded" or the error's type).
 LOCK_SCRIPT = textwrap.dedent("""
@@ -164,51 +95,6 @@ def _script(tmp_path: Path, name: str, text: str) -> str:
     path = tmp_path / name
     path.write_text(text, encoding="utf-8")
     return str(path)
-
-
-def test_pools_under_exec_get_codeferry_classes_where_plain_transformers_fails(
-    tmp_path: Path,
-) -> None:
-    model = str(unique_model(tmp_path, "exsub", helpers=("subpackage",)))
-    script = _script(tmp_path, "pools.py", POOL_SCRIPT)
-    plain = _report(_run([sys.executable, script, model], _env(tmp_path), tmp_path))
-    routed = _report(_run([*_exec("--trust-remote-code"), sys.executable, script, model],
-                          _env(tmp_path), tmp_path))
-
-    # plain transformers copies `utils/rope.py` as `utils.rope.py`: no worker builds the model
-    assert plain["parent"]["config_module"].startswith("transformers_modules."), plain
-    for method in ("spawn", "forkserver"):
-        assert "FileNotFoundError" in plain[method]["error"], plain
-        assert "utils.rope.py" in plain[method]["error"], plain
-    # under exec: the parent and both pools' workers hold codeferry's classes, one per process
-    assert routed["parent"]["config_module"].startswith("codeferry._dyn"), routed
-    for method in ("spawn", "forkserver"):
-        assert routed[method] == {"config_module": routed[method]["config_module"],
-                                  "model_module": routed[method]["model_module"],
-                                  "same_config_class": True,
-                                  # install()'s generate() hook, made at the first class
-                                  "generate_hook": "codeferry._hf.classes"}, routed
-        assert routed[method]["config_module"].startswith("codeferry._dyn")
-        assert routed[method]["model_module"].startswith("codeferry._dyn")
-
-
-def test_torchrun_ranks_load_at_once_from_an_empty_cache(tmp_path: Path) -> None:
-    torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
-    if not os.path.exists(torchrun):
-        pytest.skip("torchrun is not installed")
-    model = str(unique_model(tmp_path, "exrank", helpers=("subpackage",)))
-    script = _script(tmp_path, "ranks.py", RANKS_SCRIPT)
-    out = tmp_path / "ranks"
-    out.mkdir()
-    proc = _run([*_exec("--trust-remote-code"), torchrun, "--standalone", "--nproc_per_node=2",
-                 script, model, str(out)], _env(tmp_path), tmp_path)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    reports = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
-    for report in reports:
-        assert report["config_module"].startswith("codeferry._dyn"), report
-        assert report["model_module"].startswith("codeferry._dyn"), report
-        assert report["same_config_class"] and report["gathered_same_class"], report
-    assert reports[0]["config_module"] == reports[1]["config_module"]  # one digest, one name
 
 
 def test_a_lock_for_other_code_is_refused_in_every_process(tmp_path: Path) -> None:

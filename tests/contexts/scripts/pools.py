@@ -20,10 +20,14 @@ METHODS = ("spawn", "forkserver", "fork")
 def build(config, model):
     """In a worker: the model built from the config the parent sent."""
     from transformers import AutoModelForCausalLM
+    from transformers.models.auto import auto_factory
 
     built = AutoModelForCausalLM.from_pretrained(model, config=config, trust_remote_code=True)
+    # codeferry's generate() hook for remote classes, set by install() at the first class
+    hook = auto_factory.add_generation_mixin_to_remote_model.__module__
     return {"config": _ctx.module_of(config), "model": _ctx.module_of(built),
-            "same_config_class": type(built.config) is type(config)}
+            "same_config_class": type(built.config) is type(config),
+            "generate_hook": "codeferry" if hook.startswith("codeferry.") else hook.split(".")[0]}
 
 
 def pool_result(pool, config, model):
