@@ -345,11 +345,14 @@ class VllmStream:
             self._empty.append((request_id, texts))
             return
         self.batches[request_id] = (planned, len(planned.rendered), texts)
-        for i, ((_, ids), resolved) in enumerate(zip(planned.rendered, planned.resolved,
-                                                     strict=True)):
+        # token ids through vLLM's renderer, as its LLM.generate does (a raw prompt dict is
+        # deprecated in vLLM 0.32, and warned about on every run)
+        prompts = [{"prompt_token_ids": list(ids)} for _, ids in planned.rendered]
+        render = getattr(getattr(self.llm_engine, "renderer", None), "render_cmpl", None)
+        inputs = render(prompts) if render is not None else prompts
+        for i, (given, resolved) in enumerate(zip(inputs, planned.resolved, strict=True)):
             key = f"{request_id}-{i}"
-            self.llm_engine.add_request(key, {"prompt_token_ids": list(ids)},
-                                        sampling(resolved, planned.ends))
+            self.llm_engine.add_request(key, given, sampling(resolved, planned.ends))
             self.pending[key] = (request_id, i)
 
     def step(self) -> list[tuple[int, bool, Any]]:
