@@ -57,8 +57,8 @@ def load_native(folder: str, mark: str, how: str, kwargs: dict[str, Any]) -> dic
     from transformers import AutoModelForCausalLM
 
     try:
-        AutoModelForCausalLM.from_pretrained(folder, **kwargs)
-        out: dict[str, Any] = {"loaded": True}
+        model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+        out: dict[str, Any] = {"loaded": True, "kernelized": bool(getattr(model, "use_kernels", False))}
     except Exception as exc:
         out = {"error": type(exc).__name__, "message": str(exc),
                "path": getattr(exc, "path", None), "line": getattr(exc, "line", None)}
@@ -75,6 +75,14 @@ def kernel_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     mark = root / "MARK"
     write_kernel_repo(Path(os.environ["HF_HOME"]) / "hub", KERNEL, mark)
     return write_native_model(root / "m", attn_implementation=KERNEL), mark
+
+
+@pytest.fixture(scope="module")
+def any_lock(factory_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    lock = tmp_path_factory.mktemp("lock") / "any.lock"
+    lock.write_text(Lock.from_bundle(codeferry.resolve(factory_models["default"])).dumps(),
+                    encoding="utf-8")
+    return lock
 
 
 @pytest.fixture(scope="module")
@@ -124,18 +132,50 @@ def test_the_callers_trust_or_own_kernel_passes_the_gate(kernel_model: tuple[Pat
 
 @pytest.mark.parametrize("where", ["parent", "spawned"])
 def test_under_a_lock_no_kernel_runs_even_the_callers(
-        kernel_model: tuple[Path, Path], factory_models: dict[str, Path], tmp_path: Path,
-        spawned: Any, where: str) -> None:
+        kernel_model: tuple[Path, Path], any_lock: Path, spawned: Any, where: str) -> None:
     folder, mark = kernel_model
-    lock = tmp_path / "any.lock"
-    lock.write_text(Lock.from_bundle(codeferry.resolve(factory_models["default"])).dumps(),
-                    encoding="utf-8")
     for kwargs in ({"trust_remote_code": True}, {"attn_implementation": KERNEL}):
-        args = (str(folder), str(mark), "engine", {**kwargs, "lock": str(lock)})
+        args = (str(folder), str(mark), "engine", {**kwargs, "lock": str(any_lock)})
         got = load_native(*args) if where == "parent" else spawned.submit(
             load_native, *args).result(240)
         assert got["error"] == "HubKernelRefusedError", (kwargs, got)
         assert "a lock binds this process" in got["message"] and not got["mark"]
+
+
+@pytest.mark.parametrize("where", ["parent", "spawned"])
+def test_under_a_lock_the_default_kernelization_is_left_out_and_an_asked_one_refused(
+        tmp_path: Path, any_lock: Path, spawned: Any, where: str) -> None:
+    """transformers 5.25+ kernelizes every model that ``from_pretrained`` loads (``kernels``
+    is its dependency, ``USE_HUB_KERNELS`` defaults on), and our gate used to refuse that as
+    if the caller had asked: every locked load failed (``codeferry run`` in CI's [ray] extra).
+    Under a lock it is now left out (the model keeps its own layers: not kernelized), while
+    ``use_kernels=True`` is still refused. Before 5.25 nothing kernelizes by default, and
+    without a ``kernels`` release transformers accepts, ``use_kernels=True`` stops at
+    transformers' own check; CI's newest-transformers stage runs this with both."""
+    from transformers.utils import is_kernels_available
+
+    folder, mark = write_native_model(tmp_path / "m"), tmp_path / "MARK"
+    run = (lambda *a: load_native(*a)) if where == "parent" else (
+        lambda *a: spawned.submit(load_native, *a).result(240))
+    got = run(str(folder), str(mark), "engine", {"lock": str(any_lock)})
+    assert got.get("loaded") and got["kernelized"] is False, got
+    asked = run(str(folder), str(mark), "engine", {"lock": str(any_lock), "use_kernels": True})
+    assert not asked.get("loaded"), asked
+    if is_kernels_available():
+        assert asked["error"] == "HubKernelRefusedError", asked
+        assert "a lock binds this process" in asked["message"], asked
+    else:
+        assert "kernels" in asked["message"].lower(), asked
+
+
+def test_without_a_lock_transformers_kernelizes_as_it_would_alone(tmp_path: Path) -> None:
+    """Without a lock, ``install()`` leaves transformers' default kernelization alone: the
+    model is kernelized exactly when plain transformers kernelizes it (5.25+ with ``kernels``)."""
+    folder, mark = write_native_model(tmp_path / "m"), tmp_path / "MARK"
+    plain = load_native(str(folder), str(mark), "plain", {})
+    installed = load_native(str(folder), str(mark), "install", {})
+    assert plain.get("loaded") and installed.get("loaded"), (plain, installed)
+    assert installed["kernelized"] == plain["kernelized"], (plain, installed)
 
 
 def test_a_direct_kernel_request_under_a_lock_is_refused(tmp_path: Path,

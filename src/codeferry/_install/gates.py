@@ -13,6 +13,8 @@ its own kernel mapping. None of it passes ``get_class_from_dynamic_module``, so 
   ``kernels`` package's own, wherever a module bound it by name) and transformers'
   ``kernelize`` ask ``_trust.decide.kernel_refusal`` first, and raise
   ``HubKernelRefusedError`` before anything is downloaded or imported when it refuses;
+  under a lock, the kernelization transformers 5.25+ applies to every model it loads is
+  left out when the caller did not ask for it (``_trust.decide.kernelize_skipped``);
 * ``PreTrainedModel.from_pretrained`` and the Auto model classes' ``from_pretrained``
   record the caller's call (the outermost one: nested loads that transformers makes cannot
   add trust) so the decision knows the model, whether the caller trusts its code, and
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import contextvars
 import importlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,10 +37,12 @@ from typing import Any
 from .._code.doors import is_kernel_repo, kernel_repo, kernel_repos
 from .._code.source import locate
 from .._hf import patches
-from .._trust.decide import kernel_refusal
+from .._trust.decide import kernel_refusal, kernelize_skipped
 from ..errors import CodeferryError, HubKernelRefusedError
 
 __all__ = ["install"]
+
+logger = logging.getLogger(__name__)
 
 #: The keywords of ``from_pretrained`` by which a caller asks for kernels itself.
 _KERNEL_KEYWORDS = ("attn_implementation", "experts_implementation", "use_kernels",
@@ -158,7 +163,12 @@ def _gated_attn_kernel(original: Any) -> Any:
 
 def _gated_kernelize(original: Any) -> Any:
     def kernelize(*args: Any, **kwargs: Any) -> Any:
-        if _lock_in_force():
+        if _active() and _lock_in_force():
+            stack = _calls.get()  # no from_pretrained around it: the caller's own call
+            if kernelize_skipped(locked=True, caller_asked=not stack or stack[0].asked_kernels):
+                logger.info("a lock binds this process: transformers' default Hub "
+                            "kernelization is left out; the model keeps its own layers")
+                return None
             check_kernel("kernels/kernelize", asked=True)
         return original(*args, **kwargs)
 

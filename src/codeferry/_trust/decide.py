@@ -22,7 +22,8 @@ are here too, so that no other module decides trust:
   transformers carries the caller's decision in its ``trust_remote_code`` keyword;
 - ``environment_lock``: the lock that binds every process of an engine (``CODEFERRY_LOCK``);
 - ``kernel_refusal``: whether transformers may fetch and import a Hub kernel (the ``kernels``
-  package), a door beside remote code that no lock lists.
+  package), a door beside remote code that no lock lists; ``kernelize_skipped``: whether
+  transformers' own kernelization of a model it loads is left out (under a lock).
 
 A decision is about one digest, not a folder: ``code_changed`` is the error of a process
 that finds other code than the digest its parent decided on. ``record`` makes a decision
@@ -184,3 +185,17 @@ def kernel_refusal(
         return ("the model's own files name it, and the caller did not pass "
                 "trust_remote_code=True")
     return None
+
+
+def kernelize_skipped(*, locked: bool, caller_asked: bool) -> bool:
+    """Whether transformers' kernelization of a model it loads is left out, not refused.
+
+    From transformers 5.25 ``from_pretrained`` kernelizes every model by default (``kernels``
+    is a dependency; ``USE_HUB_KERNELS`` defaults on): each layer its kernel mapping names for
+    the device is swapped for code fetched from the Hub. A lock lists the exact code a process
+    may run and never a kernel, so under one a kernelization nobody asked for is left out:
+    the model keeps its own torch layers, and nothing is fetched. Refusing it instead would
+    refuse every locked load. A caller who asked (``use_kernels=True``, ``kernel_config``, or
+    ``kernelize`` called directly) is refused by ``kernel_refusal`` as before.
+    """
+    return locked and not caller_asked
