@@ -163,12 +163,15 @@ def _gated_attn_kernel(original: Any) -> Any:
 
 def _gated_kernelize(original: Any) -> Any:
     def kernelize(*args: Any, **kwargs: Any) -> Any:
-        if _active() and _lock_in_force():
-            stack = _calls.get()  # no from_pretrained around it: the caller's own call
-            if kernelize_skipped(locked=True, caller_asked=not stack or stack[0].asked_kernels):
-                logger.info("a lock binds this process: transformers' default Hub "
-                            "kernelization is left out; the model keeps its own layers")
-                return None
+        if not _active():
+            return original(*args, **kwargs)
+        locked = _lock_in_force()
+        stack = _calls.get()  # no from_pretrained around it: the caller's own call
+        if kernelize_skipped(locked=locked, caller_asked=not stack or stack[0].asked_kernels):
+            logger.info("a lock binds this process: transformers' default Hub "
+                        "kernelization is left out; the model keeps its own layers")
+            return None
+        if locked:
             check_kernel("kernels/kernelize", asked=True)
         return original(*args, **kwargs)
 
