@@ -72,6 +72,15 @@ def test_sorting_never_pads_more_than_input_order(lengths: list[int], budget: in
         fixed_batches(len(lengths), size), lengths) + 1e-12
 
 
+def test_a_short_input_is_not_padded_into_a_batch_of_long_ones() -> None:
+    # hypothesis's counterexample to the greedy cut: [[4, 2, 3, 0], [1]] pads 13 slots where
+    # input order pads 11; the least padding among the fewest batches pads 11
+    lengths = [1, 1, 2, 2, 3]
+    planned = plan_batches(lengths, max_batch_tokens=10**9, max_batch_size=4, window=5)
+    assert planned == [[4, 2, 3], [0, 1]]
+    assert sum(padded(b, lengths) for b in planned) == 11
+
+
 def test_skewed_prompts_waste_less_padding_than_batches_of_8() -> None:
     lengths = [3 + int(45 * ((i * 37) % 128 / 127) ** 3) for i in range(128)]
     planned = plan_batches(lengths, max_batch_tokens=1024, max_batch_size=64, window=1024)

@@ -84,21 +84,54 @@ def plan_batches(lengths: Sequence[int], *, max_batch_tokens: int, max_batch_siz
 def _balanced(ordered: list[int], lengths: Sequence[int], budget: int, cap: int,
               spread: int) -> list[list[int]]:
     """The cut of ``ordered`` into ``k`` batches (the budget's count, rounded up to a
-    multiple of ``spread``) with the smallest largest padded size."""
+    multiple of ``spread``): with ``spread`` > 1 the smallest largest padded size first (the
+    workers finish together), then the least padding in all (one worker: only that)."""
     k = min(len(ordered), -(-len(_cut(ordered, lengths, budget, cap)) // spread) * spread)
-    low, high = 1, budget  # a cut with the full budget needs no more than k batches
-    while low < high:  # the least budget that still needs no more than k batches
-        middle = (low + high) // 2
-        if len(_cut(ordered, lengths, middle, cap)) <= k:
-            high = middle
-        else:
-            low = middle + 1
-    batches = _cut(ordered, lengths, low, cap)
-    while len(batches) < k:  # halving a batch never makes any batch larger
+    bound = budget
+    if spread > 1:
+        low, high = 1, budget  # a cut with the full budget needs no more than k batches
+        while low < high:  # the least budget that still needs no more than k batches
+            middle = (low + high) // 2
+            if len(_cut(ordered, lengths, middle, cap)) <= k:
+                high = middle
+            else:
+                low = middle + 1
+        bound = low
+    batches = _least_padding(ordered, lengths, bound, cap)
+    while len(batches) < k:  # halving a batch never makes any batch, or the sum, larger
         widest = max(range(len(batches)), key=lambda j: len(batches[j]))
         batch = batches[widest]
         batches[widest:widest + 1] = [batch[:len(batch) // 2], batch[len(batch) // 2:]]
     return batches
+
+
+def _least_padding(ordered: list[int], lengths: Sequence[int], bound: int,
+                   cap: int) -> list[list[int]]:
+    """The cut of ``ordered`` (longest first) into runs of at most ``cap`` rows, each padded
+    to at most ``bound`` tokens (or a single row): the fewest runs, and of those the one
+    whose padded sizes add up to the least. A cut of sorted inputs into runs is as good as
+    any grouping of them (a group that holds the longest input is padded to it whatever else
+    it holds, so it best takes the next longest), so dynamic programming over the runs' ends
+    finds it, in ``len(ordered) x cap`` steps; the greedy cut (``_cut``) has as few runs, but
+    may pad a lone short input into a batch of long ones where input order would not."""
+    width = [lengths[i] for i in ordered]
+    # best[i]: (runs, padded tokens) of the best cut of the first i inputs; start[i]: its last run's
+    best: list[tuple[int, int]] = [(0, 0)] + [(len(ordered) + 1, 0)] * len(ordered)
+    start = [0] * (len(ordered) + 1)
+    for i in range(1, len(ordered) + 1):
+        for first in range(i - 1, max(-1, i - 1 - cap), -1):
+            padded = (i - first) * width[first]
+            if i - first > 1 and padded > bound:
+                break  # a run from an earlier (longer) input pads more still
+            cost = (best[first][0] + 1, best[first][1] + padded)
+            if cost < best[i]:
+                best[i], start[i] = cost, first
+    batches: list[list[int]] = []
+    end = len(ordered)
+    while end:
+        batches.append(ordered[start[end]:end])
+        end = start[end]
+    return batches[::-1]
 
 
 def _cut(ordered: list[int], lengths: Sequence[int], budget: int, cap: int) -> list[list[int]]:
