@@ -18,7 +18,11 @@ torch = pytest.importorskip("torch")
 
 from test_decode import EOS, generated, llama_folder, tiny_llama  # noqa: E402  (after importorskip)
 
-DTYPES = ["float32"] + (["bfloat16"] if torch.ops.mkldnn._is_mkldnn_bf16_supported() else [])
+from codeferry._exec import packing  # noqa: E402
+
+#: Every dtype is packed: half precision natively where the CPU has instructions for it,
+#: else upcast (a float32 copy); ``test_half_precision_upcast...`` forces the upcast.
+DTYPES = ["float32", "bfloat16", "float16"]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -56,13 +60,13 @@ class Scaled(torch.nn.Linear):
 
 def test_subclasses_hooked_modules_and_other_devices_stay_as_they_are() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), Scaled(8, 8), torch.nn.Linear(8, 8),
-                                torch.nn.Linear(8, 8).half())
+                                torch.nn.Linear(8, 8).double())
     hooked = model[2]
     hooked.forward = functools.partial(torch.nn.Linear.forward, hooked)  # as accelerate does
     assert pack_linears(model) == 1
     assert "forward" in vars(model[0]) and "forward" not in vars(model[1])
     assert isinstance(vars(hooked)["forward"], functools.partial)
-    assert "forward" not in vars(model[3])  # float16: not packed
+    assert "forward" not in vars(model[3])  # float64: not packed
     assert pack_linears(torch.nn.Sequential(torch.nn.ReLU())) == 0
 
 
@@ -97,3 +101,37 @@ def test_inputs_of_any_shape_and_stride_give_f_linears_product(dtype: str) -> No
             got, want = packed(x).float(), plain(x).float()
             assert got.shape == want.shape
             assert got.numel() == 0 or (got - want).abs().max() <= rounding * want.abs().max()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_upcast_gives_the_plain_models_greedy_tokens(
+        dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # as on a CPU without AVX-512 BF16/FP16 or AMX: float32 copies of the weights
+    monkeypatch.setattr(packing, "_native_dtypes", lambda: {torch.float32})
+    half = getattr(torch, dtype)
+    plain, packed = tiny_llama().to(half), tiny_llama().to(half)
+    assert pack_linears(packed) == 2 * 7 + 1
+    assert all(vars(m)["forward"].upcast for m in packed.modules() if type(m) is torch.nn.Linear)
+    x = torch.randn(16, 64).to(half)
+    layer = packed.model.layers[0].mlp.up_proj
+    with torch.inference_mode():
+        got, want = layer(x), torch.nn.functional.linear(x, layer.weight)
+    assert got.dtype == half  # cast back: the model's next op sees its own dtype
+    # a half-precision matmul that accumulates in float32, as PyTorch's: all but a rounding
+    # step here and there bit-identical
+    assert (got == want).float().mean() > 0.99
+    assert (got.float() - want.float()).abs().max() <= 1e-2 * want.float().abs().max()
+    prompts = [[1, 5, 9, 33], [1, 44, 8], [1, 7, 7, 7, 7, 60]]
+    options = [RowOptions(30, (EOS,))] * len(prompts)
+    assert decode(packed, prompts, options, pad_token_id=0) == decode(
+        plain, prompts, options, pad_token_id=0)
+
+
+def test_no_upcast_without_room_for_the_float32_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(packing, "_native_dtypes", lambda: {torch.float32})
+    model = tiny_llama().to(torch.bfloat16)
+    weights = sum(m.weight.numel() for m in model.modules() if type(m) is torch.nn.Linear)
+    monkeypatch.setattr(packing, "_available_bytes", lambda: 2 * 4 * weights - 2)
+    assert pack_linears(model) == 0  # the copies would take more than half of what is free
+    monkeypatch.setattr(packing, "_available_bytes", lambda: 2 * 4 * weights)
+    assert pack_linears(model) == 2 * 7 + 1

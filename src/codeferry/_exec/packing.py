@@ -8,14 +8,25 @@ gives the same products with less work per call. Measured on 2 cores (``M`` rows
 512x1536 weight): bfloat16 75 -> 45 us at 32 rows, 2x at 8; float32 315 -> 187 us at 32
 rows; a 71M Llama's greedy decode, 16% less time in float32, 14% in bfloat16.
 
+Half precision where oneDNN has no kernel for it (a CPU without AVX-512 BF16/FP16 or AMX,
+``torch.ops.mkldnn._is_mkldnn_bf16_supported()`` false): PyTorch's own bfloat16 matmul
+is then several times slower than float32 (a 71M Llama's decode step at 16 rows, one
+thread, AVX2: 208 ms in bfloat16, 62 ms in float32). Such a layer is packed *upcast*: a
+float32 copy of its weight, the input cast up and the product cast back to the layer's
+dtype. The products are those of a bfloat16 matmul that accumulates in float32, as
+PyTorch's does (bfloat16 values are exact in float32; the same step: 68 ms, and 99.99% of
+a layer's outputs bit-identical to ``F.linear``'s, the rest one rounding step apart). The
+copy costs twice the weights' bytes, so it is made only while it takes at most half the
+memory the system has available.
+
 What is packed: modules whose type is exactly ``torch.nn.Linear`` (a subclass may compute
-something else), with a float32 or bfloat16 weight on the CPU, no parametrization, and no
-``forward`` of their own already set on the instance (accelerate's hooks set one).
-bfloat16 only where oneDNN does it on this CPU. The plain weight stays (tied weights and
-code that reads ``.weight`` see it unchanged); the packed copy costs the weights' memory
-once more. A call with autograd on, or an input of another dtype or device, takes
-``F.linear`` as before. A model whose first packed module (of each dtype) strays from
-``F.linear``'s product beyond rounding is left unpacked.
+something else), with a float32, bfloat16 or float16 weight on the CPU, no parametrization,
+and no ``forward`` of their own already set on the instance (accelerate's hooks set one).
+The plain weight stays (tied weights and code that reads ``.weight`` see it unchanged); the
+packed copy costs the weights' memory once more (twice, upcast). A call with autograd on,
+or an input of another dtype or device, takes ``F.linear`` as before. A model whose first
+packed module (of each dtype) strays from ``F.linear``'s product beyond rounding is left
+unpacked.
 
 ``CODEFERRY_CPU_PACK=0`` turns it off (``_settings``).
 """
@@ -31,24 +42,30 @@ ROWS_HINT = 32
 
 
 class _Packed:
-    """A Linear's ``forward``: oneDNN's linear on the packed weight. What a call checks is
-    read once here (it runs some 85 times a decode step): the module's own parameters, and
-    the two ops."""
+    """A Linear's ``forward``: oneDNN's linear on the packed weight (upcast: a float32 copy,
+    the input cast up, the product cast back). What a call checks is read once here (it
+    runs some 85 times a decode step): the module's own parameters, and the ops."""
 
-    def __init__(self, module: Any) -> None:
+    def __init__(self, module: Any, *, upcast: bool = False) -> None:
         import torch
 
-        self.module = module
+        self.module, self.upcast = module, upcast
         self.plain, self.plain_bias = module.weight, module.bias  # the Parameters themselves
         self.dtype, self.device = module.weight.dtype, module.weight.device
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), ROWS_HINT)
-        self.bias = None if module.bias is None else module.bias.detach()
+        weight, bias = module.weight.detach(), module.bias
+        if upcast:
+            weight = weight.float()
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, ROWS_HINT)
+        self.bias = None if bias is None else bias.detach().to(weight.dtype)
         self.grad_enabled, self.linear = torch.is_grad_enabled, torch.nn.functional.linear
         self.packed = torch.ops.mkldnn._linear_pointwise
 
     def __call__(self, x: Any) -> Any:
         if self.grad_enabled() or x.dtype != self.dtype or x.device != self.device:
             return self.linear(x, self.plain, self.plain_bias)
+        if self.upcast:
+            return self.packed(x.float(), self.weight, self.bias, "none", [None],
+                               "").to(self.dtype)
         return self.packed(x, self.weight, self.bias, "none", [None], "")
 
 
@@ -72,8 +89,34 @@ def _agrees(packed: _Packed) -> bool:
         want = torch.nn.functional.linear(x, weight, packed.module.bias).float()
         got = packed(x).float()
     scale = float(want.abs().max()) or 1.0
-    return bool(float((got - want).abs().max()) <= scale * (2e-2 if weight.dtype == torch.bfloat16
-                                                             else 1e-4))
+    return bool(float((got - want).abs().max()) <= scale * (1e-4 if weight.dtype == torch.float32
+                                                             else 2e-2))
+
+
+def _available_bytes() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` (Linux); ``None`` where there is none."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _native_dtypes() -> set[Any]:
+    """The dtypes oneDNN multiplies in on this CPU: float32, and half precision where the
+    CPU has instructions for it."""
+    import torch
+
+    native: set[Any] = {torch.float32}
+    for dtype, probe in ((torch.bfloat16, "_is_mkldnn_bf16_supported"),
+                         (torch.float16, "_is_mkldnn_fp16_supported")):
+        supported = getattr(torch.ops.mkldnn, probe, None)
+        if supported is not None and supported():
+            native.add(dtype)
+    return native
 
 
 def pack_linears(model: Any) -> int:
@@ -83,15 +126,19 @@ def pack_linears(model: Any) -> int:
     available = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
     if not available or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
         return 0
-    dtypes: tuple[Any, ...] = (torch.float32,)
-    bf16 = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-    if bf16 is not None and bf16():
-        dtypes += (torch.bfloat16,)
+    native = _native_dtypes()
+    halves = {torch.bfloat16, torch.float16} - native
+    eligible = [m for m in model.modules()
+                if _eligible(m, (torch.float32, torch.bfloat16, torch.float16))]
+    upcast_bytes = sum(4 * m.weight.numel() for m in eligible if m.weight.dtype in halves)
+    free = _available_bytes()
+    if upcast_bytes and free is not None and upcast_bytes > free // 2:
+        halves = set()  # no room for float32 copies: those layers keep F.linear
     packed: list[_Packed] = []
-    for module in model.modules():
-        if _eligible(module, dtypes):
+    for module in eligible:
+        if module.weight.dtype in native or module.weight.dtype in halves:
             try:
-                packed.append(_Packed(module))
+                packed.append(_Packed(module, upcast=module.weight.dtype in halves))
             except RuntimeError:  # a layout oneDNN refuses: that module keeps F.linear
                 continue
     if not packed:
