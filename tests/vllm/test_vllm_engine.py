@@ -9,6 +9,7 @@ cut every way a request can end, must be the same on both engines: tokens, texts
 stop reasons, logprobs within float tolerance. The code vLLM runs is bound to the digest the
 parent checked (the lock in ``CODEFERRY_LOCK``, and the probe lines of every class built).
 ``codeferry run`` under ``auto`` records the engine, and a resume by transformers is refused.
+A bfloat16 model on a CPU without bfloat16 instructions gets transformers under ``auto``.
 
 vLLM runs in its own environment (``CODEFERRY_VLLM_PYTHON``), as in ``test_vllm.py``: without
 it the module skips, except under CI, where it fails.
@@ -145,6 +146,20 @@ def test_auto_falls_back_to_transformers_with_vllms_reason(report: dict[str, Any
     assert "CharlmForCausalLM" in info["generate_reason"]
     assert "transformers generates instead" in info["generate_reason"]
     assert len(auto["texts"]) == 1
+
+
+def test_auto_keeps_half_precision_off_vllm_on_a_cpu_without_its_instructions(
+        report: dict[str, Any]) -> None:
+    half = report["auto_half"]
+    (info,) = half["info"]
+    assert len(half["texts"]) == 1
+    if half["native"]:  # a CPU with bfloat16 instructions: vLLM's kernels take it
+        assert info["generate_path"] == "vllm", info
+        return
+    assert info["engine"] == "transformers" and info["generate_path"] != "vllm", info
+    assert info["generate_reason"].startswith(
+        "engine='auto': bfloat16 on a CPU without bfloat16 instructions"), info
+    assert info["packed_linears"] > 0, info  # multiplied upcast
 
 
 def test_without_vllm_auto_is_transformers_and_vllm_is_refused_typed() -> None:

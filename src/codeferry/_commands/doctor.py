@@ -105,10 +105,13 @@ def doctor_checks(worker: Any, config_bytes: bytes) -> dict[str, Any]:
             if key == "AutoModelForCausalLM":
                 causal = model_obj
     checks["models_built"] = built
-    from .._exec.vllm_engine import auto_engine
+    from .._exec.vllm_engine import auto_engine, half_without_kernels
 
     engine, why = auto_engine(list(getattr(config, "architectures", None) or []),
                               classes.get("AutoModelForCausalLM"))
+    slow = half_without_kernels(spec.dtype, spec.device, spec.model)
+    if engine == "vllm" and slow is not None:
+        engine, why = "transformers", slow
     checks["engine"] = {"auto": engine, "reason": why}
     if causal is None:  # a plain architecture: transformers' own class
         causal = _plain_causal_lm(config)

@@ -37,8 +37,8 @@ from ..errors import EngineRefusedError, ExtraMissingError, SamplingParamsError
 from .complete import Planned, plan
 from .params import Request, Resolved, SamplingParams
 
-__all__ = ["VllmEngine", "VllmStream", "auto_engine", "choose_engine", "sampling",
-           "vllm_version"]
+__all__ = ["VllmEngine", "VllmStream", "auto_engine", "choose_engine", "half_without_kernels",
+           "sampling", "vllm_version"]
 
 #: ``model.generate`` options a ``generate`` call without ``params`` may pass to this engine,
 #: and the ``SamplingParams`` field each becomes.
@@ -84,6 +84,29 @@ def choose_engine(engine: str, backend: str, tasks: Sequence[str] = ("generate",
     if engine == "auto" and "generate" not in tasks:
         return "transformers", "engine='auto': vLLM only generates, and these workers do not"
     return engine, f"engine={engine!r}: vLLM {version or '(not installed)'} where it runs the model"
+
+
+def half_without_kernels(dtype: str | None, device: str, folder: str | None = None) -> str | None:
+    """Why ``engine="auto"`` gives a model transformers' engine without trying vLLM's, or
+    ``None``: a bfloat16 or float16 model on a CPU without instructions for it (AVX2 only:
+    no AVX-512 BF16/FP16, no AMX). There vLLM CPU's oneDNN linear refuses the dtype and falls
+    back to PyTorch's half-precision matmul, several times slower than float32, while
+    transformers' engine multiplies upcast (``packing.py``). Measured on such a CPU (2 cores,
+    the 71M Llama, bfloat16 greedy, 32 prompts, up to 128 new tokens): vLLM CPU 61 tokens/s,
+    this vLLM engine 97, the transformers engine 218-248 (docs/benchmarks.md)."""
+    if not device.startswith("cpu"):
+        return None
+    name = dtype or (_saved_dtype(folder) if folder is not None else "auto")
+    if name not in ("bfloat16", "float16"):
+        return None
+    import torch
+
+    from .packing import _native_dtypes
+
+    if getattr(torch, name) in _native_dtypes():
+        return None
+    return (f"{name} on a CPU without {name} instructions: vLLM falls back to PyTorch's slow "
+            f"{name} matmul there, transformers' engine multiplies in float32")
 
 
 def auto_engine(architectures: list[str], model_class: Any) -> tuple[str, str]:

@@ -167,27 +167,33 @@ def worker_main(spec: WorkerSpec, conn: Connection, parent_pid: int,
 
 def build_engine(spec: WorkerSpec) -> Any:
     """The worker's engine: transformers' (``hf_engine``) or vLLM's (``vllm_engine``); for
-    ``auto``, vLLM's unless it refuses the model, then transformers' with vLLM's reason first
-    in ``generate_reason`` (and on the worker's stderr)."""
+    ``auto``, vLLM's unless it refuses the model (or ``half_without_kernels`` says vLLM would
+    be slow here), then transformers' with the reason first in ``generate_reason`` (and on
+    the worker's stderr)."""
     if spec.engine == "transformers" or not spec.serve:
         return TransformersEngine(spec)
     from ..errors import EngineRefusedError, ExtraMissingError
-    from .vllm_engine import VllmEngine
+    from .vllm_engine import VllmEngine, half_without_kernels
 
     if spec.engine == "vllm":
         return VllmEngine(spec)
-    lock = _settings.lock_file()
-    try:
-        return VllmEngine(spec)
-    except (EngineRefusedError, ExtraMissingError) as exc:
-        _settings.set_lock_file(lock)  # as it was: the lock was for vLLM's processes
-        why = f"engine='auto': {exc.message} transformers generates instead"
-        print(f"codeferry: {why}", file=sys.stderr, flush=True)
-        engine = TransformersEngine(spec)
-        if engine.generate_path is not None:
-            path, reason = engine.generate_path
-            engine.generate_path = (path, f"{why}; {reason}")
-        return engine
+    refused = half_without_kernels(spec.dtype, spec.device, spec.model)
+    if refused is None:
+        lock = _settings.lock_file()
+        try:
+            return VllmEngine(spec)
+        except (EngineRefusedError, ExtraMissingError) as exc:
+            _settings.set_lock_file(lock)  # as it was: the lock was for vLLM's processes
+            refused = exc.message
+    else:
+        refused = f"{refused}."
+    why = f"engine='auto': {refused} transformers generates instead"
+    print(f"codeferry: {why}", file=sys.stderr, flush=True)
+    engine = TransformersEngine(spec)
+    if engine.generate_path is not None:
+        path, reason = engine.generate_path
+        engine.generate_path = (path, f"{why}; {reason}")
+    return engine
 
 
 def _serve(spec: WorkerSpec, conn: Connection) -> None:
