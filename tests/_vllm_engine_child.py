@@ -122,12 +122,12 @@ def main() -> None:
     # bfloat16 where this CPU has no bfloat16 instructions: auto does not try vLLM
     import torch
 
-    from codeferry._exec.packing import _native_dtypes
+    from codeferry._exec.packing import native_dtypes
 
     with Executor(remote, engine="auto", dtype="bfloat16", trust_remote_code=True,
                   engine_options=FAST) as ex:
         report["auto_half"] = {"engine": ex.engine, "info": ex.worker_info,
-                               "native": torch.bfloat16 in _native_dtypes(),
+                               "native": torch.bfloat16 in native_dtypes(),
                                "texts": ex.generate(["w1 w2"], max_new_tokens=4)}
     report["vllm_refused"] = error_of(
         lambda: Executor(refused, engine="vllm", trust_remote_code=True).close())

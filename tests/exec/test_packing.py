@@ -107,7 +107,7 @@ def test_inputs_of_any_shape_and_stride_give_f_linears_product(dtype: str) -> No
 def test_half_precision_upcast_gives_the_plain_models_greedy_tokens(
         dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # as on a CPU without AVX-512 BF16/FP16 or AMX: float32 copies of the weights
-    monkeypatch.setattr(packing, "_native_dtypes", lambda: {torch.float32})
+    monkeypatch.setattr(packing, "native_dtypes", lambda: {torch.float32})
     half = getattr(torch, dtype)
     plain, packed = tiny_llama().to(half), tiny_llama().to(half)
     assert pack_linears(packed) == 2 * 7 + 1
@@ -128,7 +128,7 @@ def test_half_precision_upcast_gives_the_plain_models_greedy_tokens(
 
 
 def test_no_upcast_without_room_for_the_float32_copies(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(packing, "_native_dtypes", lambda: {torch.float32})
+    monkeypatch.setattr(packing, "native_dtypes", lambda: {torch.float32})
     model = tiny_llama().to(torch.bfloat16)
     weights = sum(m.weight.numel() for m in model.modules() if type(m) is torch.nn.Linear)
     monkeypatch.setattr(packing, "_available_bytes", lambda: 2 * 4 * weights - 2)

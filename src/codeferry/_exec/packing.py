@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["pack_linears"]
+__all__ = ["native_dtypes", "pack_linears"]
 
 #: The rows oneDNN plans the packed layout for: a decode batch of about this many rows.
 ROWS_HINT = 32
@@ -105,7 +105,7 @@ def _available_bytes() -> int | None:
     return None
 
 
-def _native_dtypes() -> set[Any]:
+def native_dtypes() -> set[Any]:
     """The dtypes oneDNN multiplies in on this CPU: float32, and half precision where the
     CPU has instructions for it."""
     import torch
@@ -126,13 +126,13 @@ def pack_linears(model: Any) -> int:
     available = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
     if not available or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
         return 0
-    native = _native_dtypes()
+    native = native_dtypes()
     halves = {torch.bfloat16, torch.float16} - native
     eligible = [m for m in model.modules()
                 if _eligible(m, (torch.float32, torch.bfloat16, torch.float16))]
     upcast_bytes = sum(4 * m.weight.numel() for m in eligible if m.weight.dtype in halves)
-    free = _available_bytes()
-    if upcast_bytes and free is not None and upcast_bytes > free // 2:
+    free = _available_bytes() if upcast_bytes else None
+    if free is not None and upcast_bytes > free // 2:
         halves = set()  # no room for float32 copies: those layers keep F.linear
     packed: list[_Packed] = []
     for module in eligible:

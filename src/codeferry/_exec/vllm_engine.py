@@ -101,9 +101,9 @@ def half_without_kernels(dtype: str | None, device: str, folder: str | None = No
         return None
     import torch
 
-    from .packing import _native_dtypes
+    from .packing import native_dtypes
 
-    if getattr(torch, name) in _native_dtypes():
+    if getattr(torch, name) in native_dtypes():
         return None
     return (f"{name} on a CPU without {name} instructions: vLLM falls back to PyTorch's slow "
             f"{name} matmul there, transformers' engine multiplies in float32")
