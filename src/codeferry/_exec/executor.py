@@ -190,7 +190,8 @@ class Executor:
             WorkerSpec(self.model, plan.for_workers(),
                        device if backend == "ray" else device_for(device, slot), dtype, threads,
                        plan.tasks, self.digest, generate_path, code=plan.code_folder,
-                       engine=self.engine, engine_options=tuple((engine_options or {}).items()))
+                       engine=self.engine, engine_options=tuple((engine_options or {}).items()),
+                       sharing=workers)
             for slot in range(workers)
         ]
         transport: Transport

@@ -93,7 +93,7 @@ class TransformersEngine:
         if self.spec.device.split(":")[0] == "cpu" and _settings.cpu_pack_enabled():
             from .packing import pack_linears
 
-            self.packed[key] = pack_linears(self.models[key])
+            self.packed[key] = pack_linears(self.models[key], sharing=self.spec.sharing)
         if kind == "generate":
             from .generation import choose_path
             from .stream import choose

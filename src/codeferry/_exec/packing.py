@@ -16,8 +16,9 @@ float32 copy of its weight, the input cast up and the product cast back to the l
 dtype. The products are those of a bfloat16 matmul that accumulates in float32, as
 PyTorch's does (bfloat16 values are exact in float32; the same step: 68 ms, and 99.99% of
 a layer's outputs bit-identical to ``F.linear``'s, the rest one rounding step apart). The
-copy costs twice the weights' bytes, so it is made only while it takes at most half the
-memory the system has available.
+copy costs twice the weights' bytes, so it is made only while the copies of every worker
+building at once (``sharing``) take at most half the memory the system has available;
+otherwise those layers keep ``F.linear``, and a warning says so.
 
 What is packed: modules whose type is exactly ``torch.nn.Linear`` (a subclass may compute
 something else), with a float32, bfloat16 or float16 weight on the CPU, no parametrization,
@@ -33,12 +34,15 @@ unpacked.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 __all__ = ["native_dtypes", "pack_linears"]
 
 #: The rows oneDNN plans the packed layout for: a decode batch of about this many rows.
 ROWS_HINT = 32
+
+logger = logging.getLogger(__name__)
 
 
 class _Packed:
@@ -119,8 +123,10 @@ def native_dtypes() -> set[Any]:
     return native
 
 
-def pack_linears(model: Any) -> int:
-    """Pack ``model``'s eligible Linear layers in place; how many were packed."""
+def pack_linears(model: Any, *, sharing: int = 1) -> int:
+    """Pack ``model``'s eligible Linear layers in place; how many were packed. ``sharing``:
+    how many processes on this machine may make the same float32 copies at once (an
+    executor's workers start together, and each reads the memory free before any copies)."""
     import torch
 
     available = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
@@ -130,9 +136,16 @@ def pack_linears(model: Any) -> int:
     halves = {torch.bfloat16, torch.float16} - native
     eligible = [m for m in model.modules()
                 if _eligible(m, (torch.float32, torch.bfloat16, torch.float16))]
-    upcast_bytes = sum(4 * m.weight.numel() for m in eligible if m.weight.dtype in halves)
-    free = _available_bytes() if upcast_bytes else None
-    if free is not None and upcast_bytes > free // 2:
+    upcast = [m for m in eligible if m.weight.dtype in halves]
+    upcast_bytes = sum(4 * m.weight.numel() for m in upcast)
+    free = _available_bytes() if upcast else None
+    if free is not None and upcast_bytes * max(1, sharing) > free // 2:
+        names = "/".join(sorted({str(m.weight.dtype).removeprefix("torch.") for m in upcast}))
+        logger.warning(
+            "codeferry: %s layers keep PyTorch's own matmul, slow on this CPU (no instructions "
+            "for it): their float32 copies would take %.1f GiB x %d workers, more than half "
+            "of the %.1f GiB available; fewer workers or a float32 model avoid it", names,
+            upcast_bytes / 2**30, max(1, sharing), free / 2**30)
         halves = set()  # no room for float32 copies: those layers keep F.linear
     packed: list[_Packed] = []
     for module in eligible:

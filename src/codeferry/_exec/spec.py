@@ -43,3 +43,6 @@ class WorkerSpec:
     #: here, the config, tokenizer and weights read from ``model`` with them.
     #: ``None``: ``model``'s own code.
     code: str | None = None
+    #: How many of the executor's workers may build their models on one machine at once:
+    #: they share its free memory (``packing.pack_linears``' float32 copies).
+    sharing: int = 1
