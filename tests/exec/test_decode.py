@@ -19,7 +19,7 @@ import pytest
 
 import codeferry
 from codeferry._exec.decode import Engine, RowOptions, decode, row_options, rows_for, supports
-from codeferry._exec.stream import probe
+from codeferry._exec.stream import _follows, probe
 
 EOS = 108  # a token this model's greedy outputs reach, at different positions
 
@@ -140,6 +140,36 @@ def test_a_sliding_window_model_is_refused_with_the_reason() -> None:
     why = supports(mistral)
     assert why is not None and "sliding" in why
     assert probe(mistral, 0) == why
+
+
+def test_a_pick_between_tied_logits_passes_the_probe_and_any_other_does_not() -> None:
+    """Batched and single-row products round apart, so a loop may pick the other of two tied
+    logits (a 217M bfloat16 Llama: a gap of exactly 0.0). Here every token has a twin with
+    the same head row: every step is an exact tie, ``generate`` takes the lower id."""
+    import torch
+
+    model = tiny_llama()
+    with torch.no_grad():
+        model.lm_head.weight[60:] = model.lm_head.weight[:60]
+    prompt, new = [5, 9, 14, 3], 5
+
+    def greedy(prefix: list[int], count: int) -> list[int]:
+        with torch.inference_mode():
+            out = model.generate(input_ids=torch.tensor([prefix]), do_sample=False,
+                                 max_new_tokens=count, min_new_tokens=count, pad_token_id=0)
+        return list(out[0, len(prefix):].tolist())
+
+    want = greedy(prompt, new)
+    assert all(t < 60 for t in want)
+    assert _follows(model, prompt, want, 0)
+    twin = [want[0], want[1] + 60]  # the tied token at step 1, then generate's way on
+    twin += greedy(prompt + twin, new - 2)
+    assert twin != want and _follows(model, prompt, twin, 0)
+    # a token below the best at step 1, not tied with it: refused
+    other = next(t for t in range(60) if t != want[1])
+    wrong = [want[0], other, *greedy([*prompt, want[0], other], new - 2)]
+    assert not _follows(model, prompt, wrong, 0)
+    assert probe(model, 0) is None
 
 
 def test_rows_are_bounded_by_the_kv_budget(model: Any) -> None:

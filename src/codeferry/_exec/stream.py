@@ -108,14 +108,54 @@ class Stream:
         return replies
 
 
+#: How far a token's logit may lie below the best one and still be a tie: units of the
+#: dtype's rounding (``eps``) at the logits' scale. Batched and single-row products round
+#: apart, and in half precision two logits are often exactly equal (a 217M bfloat16 Llama:
+#: a gap of 0.0 at scale 20.5), where ``argmax`` takes whichever came out ahead.
+TIE_EPS = 4
+
+
+def _tied(logits: Any, best: int, other: int) -> bool:
+    """Whether ``other`` is as good a greedy pick as ``best`` under ``logits``' rounding."""
+    import torch
+
+    scale = max(1.0, float(logits.abs().max()))
+    slack = TIE_EPS * torch.finfo(logits.dtype).eps * scale
+    return bool(float(logits[best]) - float(logits[other]) <= slack)
+
+
+def _follows(model: Any, prompt: list[int], row: list[int], pad: int) -> bool:
+    """Whether ``row`` is ``generate``'s greedy continuation of ``prompt`` (exactly
+    ``len(row)`` tokens), a step that picked a token tied with ``generate``'s included:
+    ``generate`` then goes on from the loop's token, so every step is still compared."""
+    import torch
+
+    done, new = 0, len(row)
+    while done < new:
+        left = new - done
+        with torch.inference_mode():
+            out = model.generate(input_ids=torch.tensor([prompt + row[:done]], device=model.device),
+                                 do_sample=False, max_new_tokens=left, min_new_tokens=left,
+                                 pad_token_id=pad, output_logits=True,
+                                 return_dict_in_generate=True)
+        want = out.sequences[0, len(prompt) + done:].tolist()
+        apart = next((k for k, (a, b) in enumerate(zip(want, row[done:], strict=True)) if a != b),
+                     None)
+        if apart is None:
+            return True
+        if not _tied(out.logits[apart][0], want[apart], row[done + apart]):
+            return False
+        done += apart + 1
+    return True
+
+
 def probe(model: Any, pad: int) -> str | None:
     """``None`` when the loop gives ``generate``'s greedy tokens on this model (rows that
-    leave and rows that join included); otherwise why not."""
+    leave and rows that join included; a pick between tied logits is either's); otherwise
+    why not."""
     why = supports(model)
     if why is not None:
         return why
-    import torch
-
     vocab = int(getattr(model.config.get_text_config(), "vocab_size", 0) or 0)
     if vocab < 8:
         return "the model has no usable vocab_size"
@@ -127,11 +167,7 @@ def probe(model: Any, pad: int) -> str | None:
         got = decode(model, prompts, [RowOptions(n, eos, n) for n in lengths], pad_token_id=pad,
                      max_rows=2)
         for prompt, new, row in zip(prompts, lengths, got, strict=True):
-            with torch.inference_mode():
-                out = model.generate(input_ids=torch.tensor([prompt], device=model.device),
-                                     do_sample=False, max_new_tokens=new, min_new_tokens=new,
-                                     pad_token_id=pad)
-            if out[0, len(prompt):].tolist() != row:
+            if len(row) != new or not _follows(model, prompt, row, pad):
                 return "the decode loop gave other greedy tokens than generate"
     except Exception as exc:  # noqa: BLE001 - any failure means: not for this model
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -149,11 +185,12 @@ def choose(model: Any, requested: str, device: str, pad: int | None) -> tuple[st
         if probe(model, 0 if pad is None else pad) is None:
             return "decode", ("a greedy probe of the decode loop, with codeferry's attention "
                               "(rows in runs; float32 keys for half precision), matched "
-                              "generate token for token")
+                              "generate token for token (tied logits either way)")
         disable(model)
     failure = probe(model, 0 if pad is None else pad)
     if failure is None:
-        return "decode", "a greedy probe of the decode loop matched generate token for token"
+        return "decode", ("a greedy probe of the decode loop matched generate token for token "
+                          "(tied logits either way)")
     if requested == "decode":
         return "batched", f"the decode loop does not work for this model: {failure}"
     return None
