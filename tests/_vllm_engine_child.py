@@ -105,6 +105,22 @@ def run_and_resume(model: str, work: Path) -> dict[str, Any]:
             "untouched": output.read_bytes() == before}
 
 
+def doctor_half(model: str, folder: Path) -> dict[str, Any]:
+    """``codeferry doctor``'s engine line for ``model`` saved as bfloat16 (its config says so:
+    the doctor builds from the config, and reads the dtype there)."""
+    import shutil
+
+    from codeferry._commands.doctor import doctor, render_doctor
+
+    shutil.copytree(model, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("torch_dtype", None)
+    config["dtype"] = "bfloat16"
+    (folder / "config.json").write_text(json.dumps(config))
+    report = doctor(str(folder), trust_remote_code=True, workers=1)
+    return {"engine": report.workers[0].checks.get("engine"), "text": render_doctor(report)}
+
+
 def main() -> None:
     remote, refused, target = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     from codeferry import Executor
@@ -129,6 +145,7 @@ def main() -> None:
         report["auto_half"] = {"engine": ex.engine, "info": ex.worker_info,
                                "native": torch.bfloat16 in native_dtypes(),
                                "texts": ex.generate(["w1 w2"], max_new_tokens=4)}
+    report["doctor_half"] = doctor_half(remote, target.parent / "half")
     report["vllm_refused"] = error_of(
         lambda: Executor(refused, engine="vllm", trust_remote_code=True).close())
     target.write_text(json.dumps(report))

@@ -162,6 +162,18 @@ def test_auto_keeps_half_precision_off_vllm_on_a_cpu_without_its_instructions(
     assert info["packed_linears"] > 0, info  # multiplied upcast
 
 
+def test_the_doctor_says_which_engine_a_half_precision_model_gets_and_why(
+        report: dict[str, Any]) -> None:
+    doctor, native = report["doctor_half"], report["auto_half"]["native"]
+    if native:  # a CPU with bfloat16 instructions: vLLM takes it, as auto's worker does
+        assert doctor["engine"]["auto"] == "vllm", doctor
+        return
+    assert doctor["engine"] == {"auto": "transformers", "reason": (
+        "bfloat16 on a CPU without bfloat16 instructions: vLLM falls back to PyTorch's slow "
+        "bfloat16 matmul there, transformers' engine multiplies in float32")}, doctor
+    assert "engine: transformers" in doctor["text"] and "bfloat16" in doctor["text"], doctor
+
+
 def test_without_vllm_auto_is_transformers_and_vllm_is_refused_typed() -> None:
     """This environment has no vLLM (the dev venv): the parent decides, before any worker."""
     if vllm_version() is not None:  # (not find_spec: this folder, tests/vllm, is on sys.path)
