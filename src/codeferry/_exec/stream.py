@@ -115,12 +115,13 @@ class Stream:
 TIE_EPS = 4
 
 
-def _tied(logits: Any, best: int, other: int) -> bool:
-    """Whether ``other`` is as good a greedy pick as ``best`` under ``logits``' rounding."""
+def _tied(logits: Any, best: int, other: int, dtype: Any) -> bool:
+    """Whether ``other`` is as good a greedy pick as ``best`` under the rounding of ``dtype``,
+    the model's (a model may hand back float32 logits it computed in half precision)."""
     import torch
 
     scale = max(1.0, float(logits.abs().max()))
-    slack = TIE_EPS * torch.finfo(logits.dtype).eps * scale
+    slack = TIE_EPS * torch.finfo(dtype).eps * scale
     return bool(float(logits[best]) - float(logits[other]) <= slack)
 
 
@@ -143,7 +144,7 @@ def _follows(model: Any, prompt: list[int], row: list[int], pad: int) -> bool:
                      None)
         if apart is None:
             return True
-        if not _tied(out.logits[apart][0], want[apart], row[done + apart]):
+        if not _tied(out.logits[apart][0], want[apart], row[done + apart], model.dtype):
             return False
         done += apart + 1
     return True
