@@ -197,6 +197,48 @@ def test_a_direct_kernel_request_under_a_lock_is_refused(tmp_path: Path,
     assert hub_kernels.get_kernel.__module__ == "transformers.integrations.hub_kernels"
 
 
+def _kernelize(model: Any, config: Any) -> Any:
+    """transformers' ``kernelize`` with ``config``: its argument from 5.25, the model's
+    ``kernel_config`` before (what the function reads when it has no such argument)."""
+    import inspect
+
+    from transformers.integrations import hub_kernels
+
+    if "kernel_config" in inspect.signature(hub_kernels.kernelize).parameters:
+        return hub_kernels.kernelize(model, kernel_config=config)
+    model.kernel_config = config
+    return hub_kernels.kernelize(model)
+
+
+def test_under_a_lock_a_kernelization_that_maps_no_kernel_passes(
+        tmp_path: Path, any_lock: Path) -> None:
+    """``reset_kernels()`` (transformers 5.25) kernelizes with an empty mapping that inherits
+    none: it puts the torch layers back and fetches nothing, so a lock lets it through; a
+    mapping that names a kernel, or none given (the global mapping), is still refused. Where
+    ``kernels`` is missing transformers itself stops the call that passes (CI's newest stage
+    has it, and runs ``reset_kernels()``)."""
+    from transformers import AutoModelForCausalLM, KernelConfig
+    from transformers.utils import is_kernels_available
+
+    model = AutoModelForCausalLM.from_pretrained(write_native_model(tmp_path / "m"))
+    empty = KernelConfig(kernel_mapping={}, inherit_mapping=False)
+    install_for_engine(codeferry.read_lock(any_lock))
+    try:
+        for refused in (None, KernelConfig(kernel_mapping={}),
+                        KernelConfig(kernel_mapping={"RMSNorm": "kernels-community/evil"})):
+            with pytest.raises(HubKernelRefusedError, match="a lock binds this process"):
+                _kernelize(model, refused)
+        if is_kernels_available():
+            _kernelize(model, empty)
+            assert not hasattr(model, "reset_kernels") or model.reset_kernels() is True
+            assert model.use_kernels is False
+        else:
+            with pytest.raises(ImportError, match="kernels"):
+                _kernelize(model, empty)
+    finally:
+        codeferry.uninstall()
+
+
 def after_load(folder: str, mark: str, other: str, lock: str | None) -> dict[str, Any]:
     """``codeferry.load`` of another model (with ``lock``, or trusted), then plain transformers."""
     codeferry.load(other, lock=lock, trust_remote_code=lock is None)

@@ -14,7 +14,9 @@ its own kernel mapping. None of it passes ``get_class_from_dynamic_module``, so 
   ``kernelize`` ask ``_trust.decide.kernel_refusal`` first, and raise
   ``HubKernelRefusedError`` before anything is downloaded or imported when it refuses;
   under a lock, the kernelization transformers 5.25+ applies to every model it loads is
-  left out when the caller did not ask for it (``_trust.decide.kernelize_skipped``);
+  left out when the caller did not ask for it (``_trust.decide.kernelize_skipped``), and
+  one whose mapping names no kernel (``reset_kernels()``) passes, since it fetches nothing
+  (``kernelize_refused``);
 * ``PreTrainedModel.from_pretrained`` and the Auto model classes' ``from_pretrained``
   record the caller's call (the outermost one: nested loads that transformers makes cannot
   add trust) so the decision knows the model, whether the caller trusts its code, and
@@ -37,7 +39,7 @@ from typing import Any
 from .._code.doors import is_kernel_repo, kernel_repo, kernel_repos
 from .._code.source import locate
 from .._hf import patches
-from .._trust.decide import kernel_refusal, kernelize_skipped
+from .._trust.decide import kernel_refusal, kernelize_refused, kernelize_skipped
 from ..errors import CodeferryError, HubKernelRefusedError
 
 __all__ = ["install"]
@@ -161,6 +163,21 @@ def _gated_attn_kernel(original: Any) -> Any:
     return load_and_register_attn_kernel
 
 
+def _maps_kernels(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether ``kernelize(model, mode, kernel_config)`` may map a layer to a Hub kernel: its
+    ``kernel_config`` (5.25; before, and when ``None``, the model's own) names one, or
+    inherits the ``kernels`` package's global mapping (no config inherits it)."""
+    config = kwargs.get("kernel_config", args[2] if len(args) > 2 else None)
+    if config is None:
+        model = kwargs.get("model", args[0] if args else None)
+        config = getattr(model, "kernel_config", None)
+    if config is None:
+        return True
+    inherits = not getattr(config, "use_local_kernel", False) and getattr(
+        config, "inherit_mapping", True)
+    return bool(getattr(config, "kernel_mapping", None)) or bool(inherits)
+
+
 def _gated_kernelize(original: Any) -> Any:
     def kernelize(*args: Any, **kwargs: Any) -> Any:
         if not _active():
@@ -171,7 +188,7 @@ def _gated_kernelize(original: Any) -> Any:
             logger.info("a lock binds this process: transformers' default Hub "
                         "kernelization is left out; the model keeps its own layers")
             return None
-        if locked:
+        if kernelize_refused(locked=locked, maps_kernels=_maps_kernels(args, kwargs)):
             check_kernel("kernels/kernelize", asked=True)
         return original(*args, **kwargs)
 

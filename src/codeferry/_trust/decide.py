@@ -199,3 +199,14 @@ def kernelize_skipped(*, locked: bool, caller_asked: bool) -> bool:
     ``kernelize`` called directly) is refused by ``kernel_refusal`` as before.
     """
     return locked and not caller_asked
+
+
+def kernelize_refused(*, locked: bool, maps_kernels: bool) -> bool:
+    """Whether a kernelization the caller asked for is refused.
+
+    Under a lock it is, unless its mapping names no kernel at all: an empty mapping that
+    inherits none (transformers' ``reset_kernels()`` kernelizes so) puts every layer's own
+    torch forward back and fetches nothing, so refusing it would only stop a caller undoing
+    kernels. Without a lock the caller decides.
+    """
+    return locked and maps_kernels
