@@ -78,7 +78,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 #: engine at a time on the machine). The longest files start first, so that the workers
 #: finish together.
 _SHARED_SCOPE = {"exec/test_ray_cluster.py": "ray", "exec/test_ray.py": "ray",
-                 "contexts/test_ray_contexts.py": "ray",  # the session's one 2-node cluster
+                 "contexts/test_ray_contexts.py": "ray",  # one 2-node cluster at a time
                  # one vLLM engine at a time: two on a small machine starve each other
                  "vllm/test_vllm.py": "vllm", "vllm/test_vllm_run_batch.py": "vllm",
                  "vllm/test_vllm_engine.py": "vllm"}
@@ -182,11 +182,13 @@ def no_progress_bars(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The session's real 2-node Ray cluster (``_raycluster``: network namespaces, node 2
-    blind to the test's files), started by the first test that asks for it; needs root (the
-    tests that use it skip with the reason elsewhere)."""
+    """A real 2-node Ray cluster (``_raycluster``: network namespaces, node 2 blind to the
+    test's files), started by the first test of a module that asks for it; needs root (the
+    tests that use it skip with the reason elsewhere). One module per run uses it (the
+    contexts' one runs in CI's stage of its own), and it stops with that module: an idle
+    cluster costs about 5% of a core, for the rest of the suite if it were the session's."""
     import _raycluster
 
     cluster = _raycluster.Cluster(tmp_path_factory.mktemp("raycluster"))
