@@ -168,6 +168,46 @@ def test_under_a_lock_the_default_kernelization_is_left_out_and_an_asked_one_ref
         assert "kernels" in asked["message"].lower(), asked
 
 
+#: A native model's load, in a process started by ``codeferry exec``: its outcome as JSON.
+_NATIVE_LOAD = """
+import json, os, sys
+from transformers import AutoModelForCausalLM
+try:
+    AutoModelForCausalLM.from_pretrained(sys.argv[1])
+    out = {"loaded": True}
+except Exception as exc:
+    out = {"error": type(exc).__name__, "message": str(exc), "line": getattr(exc, "line", None)}
+out["mark"] = os.path.exists(sys.argv[2])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("flags", [["--trust-remote-code"], ["--lock"]], ids=["trusted", "locked"])
+def test_under_codeferry_exec_a_native_models_config_kernel_is_refused(
+        kernel_model: tuple[Path, Path], any_lock: Path, flags: list[str]) -> None:
+    """``codeferry exec`` routes each process from the import of transformers' dynamic module
+    utilities, and put the kernel gates in at the first remote class: a native model (no
+    ``auto_map``) asks for none, so its config's kernel went to transformers ungated, under a
+    lock too. Each module the gates patch now gets them as it executes."""
+    import json
+    import subprocess
+    import sys
+
+    folder, mark = kernel_model
+    if flags == ["--lock"]:
+        flags = ["--lock", str(any_lock)]
+    proc = subprocess.run([sys.executable, "-m", "codeferry", "exec", *flags, "--",
+                           sys.executable, "-c", _NATIVE_LOAD, str(folder), str(mark)],
+                          capture_output=True, text=True, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got.get("error") == "HubKernelRefusedError", got
+    why = "a lock binds this process" if "--lock" in flags else "the model's own files name it"
+    assert why in got["message"] and KERNEL in got["message"], got
+    assert got["line"] == _line(folder / "config.json", '"attn_implementation"')
+    assert not got["mark"]
+
+
 def test_without_a_lock_transformers_kernelizes_as_it_would_alone(tmp_path: Path) -> None:
     """Without a lock, ``install()`` leaves transformers' default kernelization alone: the
     model is kernelized exactly when plain transformers kernelizes it (5.25+ with ``kernels``)."""

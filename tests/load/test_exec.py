@@ -197,3 +197,21 @@ def test_an_interpreter_that_cannot_import_codeferry_fails_loudly(tmp_path: Path
     proc = _run([sys.executable, "-c", "import transformers.dynamic_module_utils"], env, tmp_path)
     assert proc.returncode == 1
     assert "cannot import codeferry" in proc.stderr and str(BOOT) in proc.stderr
+
+
+def test_the_boot_watches_what_codeferry_patches() -> None:
+    """The boot names its watched modules itself (importing codeferry there would cost every
+    process): they are exactly the module that routes and those ``switch.completed`` patches."""
+    import ast
+
+    from codeferry._install import switch
+
+    tree = ast.parse((BOOT / "sitecustomize.py").read_text(encoding="utf-8"))
+    values = {target.id: node.value for node in tree.body if isinstance(node, ast.Assign)
+              for target in node.targets if isinstance(target, ast.Name)}
+    route = ast.literal_eval(values["_ROUTE"])
+    watched = values["_WATCHED"]
+    assert isinstance(watched, ast.Call) and isinstance(watched.args[0], ast.Set)
+    names = {route if isinstance(e, ast.Name) else ast.literal_eval(e) for e in watched.args[0].elts}
+    assert route == "transformers.dynamic_module_utils"
+    assert names == {route, *switch.WATCHED}

@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from .._code.lockfile import Lock
 
 __all__ = ["install", "uninstall", "adopt_module", "answer_for_loaded", "install_for_engine",
-           "install_while_importing", "on_load"]
+           "install_while_importing", "module_completed", "on_load"]
 
 logger = logging.getLogger(__name__)
 
@@ -217,6 +217,14 @@ def _hooked(original: Any) -> Any:
     return get_class_from_dynamic_module
 
 
+def _gates_lock() -> bool:
+    return _engine_lock is not None or locked()
+
+
+def _gates_active() -> bool:
+    return _installed or _engine_lock is not None or locked()
+
+
 def _generation_hook() -> None:
     """transformers' own remote path gets ``GenerationMixin`` as codeferry gives it."""
     global _generation_pending
@@ -224,9 +232,34 @@ def _generation_hook() -> None:
         _transformers.install_generation_mixin_hook()
         _gate.install_custom_generate(lambda: _engine_lock)
         # the doors beside auto_map (Hub kernels), bound to the same lock as the answers
-        gates.install(lambda: _engine_lock is not None or locked(),
-                      lambda: _installed or _engine_lock is not None or locked())
+        gates.install(_gates_lock, _gates_active)
         _generation_pending = False
+
+
+#: The modules ``module_completed`` patches, each the moment it has executed.
+WATCHED = ("transformers.models.auto.auto_factory", "transformers.generation.utils",
+           *gates.MODULES)
+
+
+def module_completed(module: Any) -> None:
+    """``codeferry exec``'s boot calls this right after a module of ``WATCHED`` executes.
+
+    ``install_while_importing`` leaves the ``generate()`` hook and the Hub kernel gates to
+    the first remote class, since the modules they patch are half imported when transformers'
+    ``dynamic_module_utils`` has just executed. A native model never asks for a remote class,
+    and its config may name a Hub kernel: the gates must be in place before its
+    ``from_pretrained``. So each module gets its own patches as soon as it has executed, from
+    its own attributes alone. Nothing happens where the switch did not route the process.
+    """
+    with _lock:
+        if not _installed:
+            return
+        name = getattr(module, "__name__", "")
+        if name == "transformers.models.auto.auto_factory":
+            _transformers.hook_auto_factory(module)
+        elif name == "transformers.generation.utils":
+            _gate.custom_generate_in(module, lambda: _engine_lock)
+        gates.gate_module(module)
 
 
 def _hook(dmu: Any = None, *, generation: bool = True) -> None:
@@ -343,6 +376,7 @@ def install_while_importing(dmu: Any, lock: Lock | None, *, log: logging.Logger 
         if lock is not None:
             _engine_lock = lock
             _error_log = log
+    gates.configure(_gates_lock, _gates_active)
     _install(dmu, generation=False)
 
 

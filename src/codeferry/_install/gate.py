@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from .._code.bundle import Bundle
     from .._code.lockfile import Lock
 
-__all__ = ["check_bundle", "check_module", "door_of", "install_custom_generate"]
+__all__ = ["check_bundle", "check_module", "custom_generate_in", "door_of",
+           "install_custom_generate"]
 
 _CUSTOM_GENERATE = next(rel for door, rel, _ in DOORS if door == "custom_generate")
 
@@ -102,9 +103,18 @@ def install_custom_generate(current_lock: Callable[[], Lock | None]) -> None:
 
     ``current_lock``: the engine's lock at call time (``install_for_engine``), if any.
     """
-    import transformers.dynamic_module_utils as dmu
-    from transformers.generation.utils import GenerationMixin
+    import transformers.generation.utils as generation
 
+    custom_generate_in(generation, current_lock)
+
+
+def custom_generate_in(generation: Any, current_lock: Callable[[], Lock | None]) -> None:
+    """``install_custom_generate`` on the module ``transformers.generation.utils``, from its
+    own attributes alone (``codeferry exec``'s boot calls it right after the module executes,
+    when transformers' package may still be half imported; idempotent)."""
+    import transformers.dynamic_module_utils as dmu  # executed before any module imports it
+
+    GenerationMixin = generation.GenerationMixin
     if patches.patched(GenerationMixin, "load_custom_generate"):
         return
     original = patches.original(GenerationMixin, "load_custom_generate")

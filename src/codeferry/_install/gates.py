@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextvars
 import importlib
 import logging
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +43,7 @@ from .._hf import patches
 from .._trust.decide import kernel_refusal, kernelize_refused, kernelize_skipped
 from ..errors import CodeferryError, HubKernelRefusedError
 
-__all__ = ["install"]
+__all__ = ["MODULES", "configure", "gate_module", "install"]
 
 logger = logging.getLogger(__name__)
 
@@ -196,35 +197,65 @@ def _gated_kernelize(original: Any) -> Any:
     return kernelize
 
 
-def install(lock_in_force: Callable[[], bool], active: Callable[[], bool]) -> None:
-    """Put the Hub kernel gates in place (idempotent); ``lock_in_force`` says whether a lock
-    binds this process now, ``active`` whether the gates decide at all (``install()``, an
-    engine, or a lock: not after a plain ``load()``, which answers only for its own models)."""
+#: The modules whose own attributes the gates patch (``gate_module``).
+MODULES = ("transformers.modeling_utils", "transformers.models.auto.auto_factory",
+           "transformers.models.auto.modeling_auto", "transformers.integrations.hub_kernels",
+           "kernels")
+
+
+def configure(lock_in_force: Callable[[], bool], active: Callable[[], bool]) -> None:
+    """``lock_in_force`` says whether a lock binds this process now, ``active`` whether the
+    gates decide at all (``install()``, an engine, or a lock: not after a plain ``load()``,
+    which answers only for its own models)."""
     global _lock_in_force, _active
     _lock_in_force, _active = lock_in_force, active
-    from transformers import modeling_utils
-    from transformers.models.auto import auto_factory, modeling_auto
 
-    # Each Auto model class carries a copy of the base's from_pretrained (auto_class_update)
-    autos = [c for c in vars(modeling_auto).values() if isinstance(c, type)
-             and issubclass(c, auto_factory._BaseAutoModelClass) and "from_pretrained" in vars(c)]
-    for owner in (modeling_utils.PreTrainedModel, auto_factory._BaseAutoModelClass, *autos):
-        if not patches.patched(owner, "from_pretrained"):
-            func = patches.original(owner, "from_pretrained").__func__
-            patches.patch(owner, "from_pretrained", classmethod(_recording(func)))
-    hub_kernels = _module("transformers.integrations.hub_kernels")  # None: no Hub kernels
-    if hub_kernels is not None:
-        for name, gate in (("get_kernel", _gated_get_kernel), ("kernelize", _gated_kernelize),
+
+def install(lock_in_force: Callable[[], bool], active: Callable[[], bool]) -> None:
+    """Put the Hub kernel gates in place (idempotent), importing what they patch."""
+    configure(lock_in_force, active)
+    for name in MODULES:
+        module = _module(name)  # None: not installed (no Hub kernels, no kernels package)
+        if module is not None:
+            gate_module(module)
+
+
+def gate_module(module: Any) -> None:
+    """The gates that belong to ``module`` (one of ``MODULES``), from its own attributes
+    alone: ``codeferry exec``'s boot calls this right after the module executes, when the
+    modules that import it may still be half imported (idempotent)."""
+    name = getattr(module, "__name__", "")
+    if name == "transformers.modeling_utils":
+        _record(module.PreTrainedModel)
+    elif name == "transformers.models.auto.auto_factory":
+        _record(module._BaseAutoModelClass)
+    elif name == "transformers.models.auto.modeling_auto":
+        # Each Auto model class carries a copy of the base's from_pretrained (auto_class_update)
+        base = getattr(module, "_BaseAutoModelClass", None)  # bound from auto_factory
+        for owner in list(vars(module).values()):
+            if base is not None and isinstance(owner, type) and issubclass(owner, base) and (
+                    "from_pretrained" in vars(owner)):
+                _record(owner)
+    elif name == "transformers.integrations.hub_kernels":
+        for attr, gate in (("get_kernel", _gated_get_kernel), ("kernelize", _gated_kernelize),
                            ("load_and_register_attn_kernel", _gated_attn_kernel),
                            ("load_and_register_kernel", _gated_attn_kernel)):  # 4.5x's name
-            if hasattr(hub_kernels, name) and not patches.patched(hub_kernels, name):
-                patches.patch(hub_kernels, name, gate(getattr(hub_kernels, name)),
-                              everywhere=True)
-    kernels = _module("kernels")  # None: transformers cannot fetch a kernel either
-    if kernels is not None and hasattr(kernels, "get_kernel") and not patches.patched(
-            kernels, "get_kernel"):
-        patches.patch(kernels, "get_kernel", _gated_get_kernel(kernels.get_kernel),
-                      everywhere=True)
+            if hasattr(module, attr) and not patches.patched(module, attr):
+                patches.patch(module, attr, gate(getattr(module, attr)), everywhere=True)
+        kernels = sys.modules.get("kernels")  # executed before it, when the package is there
+        if kernels is not None:
+            gate_module(kernels)
+    elif name == "kernels":  # transformers' wrapper calls the package's own
+        if hasattr(module, "get_kernel") and not patches.patched(module, "get_kernel"):
+            patches.patch(module, "get_kernel", _gated_get_kernel(module.get_kernel),
+                          everywhere=True)
+
+
+def _record(owner: type) -> None:
+    """``owner.from_pretrained`` records its call (``_recording``)."""
+    if not patches.patched(owner, "from_pretrained"):
+        func = patches.original(owner, "from_pretrained").__func__
+        patches.patch(owner, "from_pretrained", classmethod(_recording(func)))
 
 
 def _module(name: str) -> Any:

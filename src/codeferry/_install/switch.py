@@ -28,7 +28,7 @@ from .. import _settings
 from .._trust.decide import environment_lock
 from . import adopt
 
-__all__ = ["BOOT", "route", "variables"]
+__all__ = ["BOOT", "WATCHED", "completed", "route", "variables"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,3 +55,14 @@ def route(dmu: Any) -> None:
     that cannot be read raises ``LockFormatError`` here, so the import of transformers fails
     and nothing runs unchecked)."""
     adopt.install_while_importing(dmu, environment_lock(), log=logger)
+
+
+#: The modules the boot hands to ``completed`` once each has executed.
+WATCHED = adopt.WATCHED
+
+
+def completed(module: Any) -> None:
+    """The boot calls this right after a module of ``WATCHED`` executes, in a process started
+    with the switch on: the Hub kernel gates and the ``generate()`` hook that belong to it go
+    in now (``adopt.module_completed``), before any model of it can load."""
+    adopt.module_completed(module)

@@ -7,9 +7,12 @@ puts this file's folder first on ``PYTHONPATH``, so this one is found. It
 1. reads ``CODEFERRY_INSTALL`` through codeferry's settings module, loaded from its file
    alone (the package would cost every process its imports); off: nothing more happens
    here but step 3;
-2. on: puts a finder on ``sys.meta_path`` that reacts to one module only,
-   ``transformers.dynamic_module_utils``: right after it executes, codeferry is imported
-   and routes it (``codeferry._install.switch.route``, what ``install()`` does);
+2. on: puts a finder on ``sys.meta_path`` that reacts to a few modules only: right after
+   ``transformers.dynamic_module_utils`` executes, codeferry is imported and routes it
+   (``codeferry._install.switch.route``, what ``install()`` does); right after each module
+   whose own attributes the Hub kernel gates and the ``generate()`` hook patch executes,
+   codeferry patches it (``switch.completed``), so a native model's ``from_pretrained`` is
+   gated too, though it never asks for a remote class;
 3. runs the ``sitecustomize`` this folder hides (the next one on the path, such as a
    user's or the distribution's), which then stands as ``sitecustomize`` in
    ``sys.modules``, as it would without codeferry.
@@ -28,7 +31,16 @@ if TYPE_CHECKING:
     from typing import Any
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_WATCHED = "transformers.dynamic_module_utils"
+_ROUTE = "transformers.dynamic_module_utils"
+#: The modules handed to codeferry once each has executed: ``_ROUTE`` first (it executes
+#: before any of the others can), then those whose own attributes the Hub kernel gates and
+#: the ``generate()`` hook patch (``codeferry._install.switch.WATCHED``; kept equal by
+#: ``tests/load/test_exec.py``, since importing codeferry here would cost every process).
+_WATCHED = frozenset({
+    _ROUTE, "transformers.models.auto.auto_factory", "transformers.generation.utils",
+    "transformers.modeling_utils", "transformers.models.auto.modeling_auto",
+    "transformers.integrations.hub_kernels", "kernels",
+})
 
 
 def _switch_on() -> bool:
@@ -49,24 +61,27 @@ def _switch_on() -> bool:
 
 def _route(module: ModuleType) -> None:
     try:
-        from codeferry._install.switch import route
+        from codeferry._install.switch import completed, route
     except ImportError as exc:
         raise ImportError(
             f"CODEFERRY_INSTALL is on and codeferry's boot folder ({_HERE}) is on PYTHONPATH, "
             f"but this interpreter ({sys.executable}) cannot import codeferry: install "
             "codeferry here, or take the folder off PYTHONPATH (and unset CODEFERRY_INSTALL)"
         ) from exc
-    route(module)
+    if module.__name__ == _ROUTE:
+        route(module)
+    else:
+        completed(module)
 
 
 class _Watch:
-    """A finder for ``transformers.dynamic_module_utils`` only: the spec the other finders
-    give, whose loader routes the module through codeferry once it has executed."""
+    """A finder for the modules of ``_WATCHED`` only: the spec the other finders give, whose
+    loader hands the module to codeferry once it has executed."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != _WATCHED:
+        if fullname not in _WATCHED:
             return None
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
