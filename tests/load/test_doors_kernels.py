@@ -182,29 +182,42 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.parametrize("form", ["folder", "hub"])
 @pytest.mark.parametrize("flags", [["--trust-remote-code"], ["--lock"]], ids=["trusted", "locked"])
 def test_under_codeferry_exec_a_native_models_config_kernel_is_refused(
-        kernel_model: tuple[Path, Path], any_lock: Path, flags: list[str]) -> None:
+        kernel_model: tuple[Path, Path], any_lock: Path, flags: list[str], form: str) -> None:
     """``codeferry exec`` routes each process from the import of transformers' dynamic module
     utilities, and put the kernel gates in at the first remote class: a native model (no
     ``auto_map``) asks for none, so its config's kernel went to transformers ungated, under a
-    lock too. Each module the gates patch now gets them as it executes."""
+    lock too. Each module the gates patch now gets them as it executes. ``hub``: the same
+    model by repo id, in huggingface_hub's cache layout (snapshot files are symlinks into
+    ``blobs/``), where the refusal still names the snapshot's config line."""
     import json
     import subprocess
     import sys
 
+    from codeferry.testing._factory import _write_hub_repo
+
     folder, mark = kernel_model
+    model, config = str(folder), folder / "config.json"
+    if form == "hub":
+        files = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+        snapshot = _write_hub_repo(Path(os.environ["HF_HOME"]) / "hub", "acme/native-kernel",
+                                   files, None)
+        model, config = "acme/native-kernel", snapshot / "config.json"
+        assert config.is_symlink()
     if flags == ["--lock"]:
         flags = ["--lock", str(any_lock)]
     proc = subprocess.run([sys.executable, "-m", "codeferry", "exec", *flags, "--",
-                           sys.executable, "-c", _NATIVE_LOAD, str(folder), str(mark)],
-                          capture_output=True, text=True, timeout=240, check=False)
+                           sys.executable, "-c", _NATIVE_LOAD, model, str(mark)],
+                          capture_output=True, text=True, timeout=240, check=False,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got.get("error") == "HubKernelRefusedError", got
     why = "a lock binds this process" if "--lock" in flags else "the model's own files name it"
     assert why in got["message"] and KERNEL in got["message"], got
-    assert got["line"] == _line(folder / "config.json", '"attn_implementation"')
+    assert got["line"] == _line(config, '"attn_implementation"')
     assert not got["mark"]
 
 
