@@ -176,7 +176,7 @@ def test_the_printed_variables_switch_it_on_and_chain_to_a_user_sitecustomize(
     assert not started["codeferry_imported"] and started["modules_left"] == []
     # reading the switch costs a process no import beyond its own start
     assert started["heavy"] == _report(_run([sys.executable, probe], env, tmp_path))["heavy"]
-    assert started["meta_path"][0] == "sitecustomize._Watch"  # waiting for transformers
+    assert started["meta_path"][0] == "_codeferry_boot_watch.Watch"  # waiting for transformers
     routed = _report(_run([sys.executable, probe, "transformers"], {**env, **variables},
                           tmp_path))
     assert routed["routed"] is True

@@ -234,3 +234,61 @@ def test_uninstall_gives_back_every_function_codeferry_patched(tmp_path: Path) -
     codeferry.uninstall()
     assert [vars(owner)[name] for owner, name in places] == originals
     assert not any(patches.patched(owner, name) for owner, name in places)
+
+
+LAZY = '''
+import json, sys
+import codeferry
+from codeferry._hf import patches
+
+codeferry.install()
+heavy = [m for m in ("torch", "transformers.generation.utils", "transformers.modeling_utils")
+         if m in sys.modules]
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.generation.utils import GenerationMixin
+from transformers.models.auto import auto_factory
+
+tok = AutoTokenizer.from_pretrained(sys.argv[1], trust_remote_code=True)
+try:
+    AutoModelForCausalLM.from_pretrained(sys.argv[2])
+    kernel = "loaded"
+except Exception as exc:
+    kernel = type(exc).__name__
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)
+places = [(GenerationMixin, "load_custom_generate"),
+          (auto_factory, "add_generation_mixin_to_remote_model")]
+out = {"heavy": heavy, "tokenizer": type(tok).__module__, "model": type(model).__module__,
+       "kernel": kernel, "patched": [patches.patched(o, n) for o, n in places]}
+codeferry.uninstall()
+out["after"] = [patches.patched(o, n) for o, n in places]
+out["finders"] = [type(f).__name__ for f in sys.meta_path if type(f).__name__ == "Watch"]
+print(json.dumps(out))
+'''
+
+
+def test_install_imports_nothing_heavy_and_patches_each_module_as_it_is_imported(
+    tmp_path: Path,
+) -> None:
+    """A worker that only tokenizes pays for no torch nor transformers' modeling through
+    ``install()``; what codeferry patches in those modules (the Hub kernel gates, the
+    ``generate()`` hooks) still goes in, as each one finishes importing, before its first use:
+    a native model whose config names a Hub kernel is refused. ``uninstall()`` takes it away."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests._doors import write_native_model
+
+    remote = write_model(tmp_path / "remote", ModelSpec(name="lazyinst", tokenizer=True))
+    native = write_native_model(tmp_path / "native", attn_implementation="kernels-community/x")
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", LAZY, str(remote), str(native)], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["heavy"] == []
+    assert got["tokenizer"].startswith("codeferry._dyn.") and got["model"].startswith("codeferry._dyn.")
+    assert got["kernel"] == "HubKernelRefusedError"
+    assert got["patched"] == [True, True] and got["after"] == [False, False]
+    assert got["finders"] == []

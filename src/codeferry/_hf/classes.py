@@ -96,16 +96,10 @@ def with_generation_mixin(
     return new
 
 
-def install_generation_mixin_hook() -> None:
-    """Route transformers' own remote path through ``with_generation_mixin`` too."""
-    from transformers.models.auto import auto_factory
-
-    hook_auto_factory(auto_factory)
-
-
 def hook_auto_factory(auto_factory: Any) -> None:
-    """``install_generation_mixin_hook`` on the module ``auto_factory``, from its own attributes
-    alone (``codeferry exec``'s boot calls it right after the module executes; idempotent)."""
+    """Route transformers' own remote path through ``with_generation_mixin`` too, on the module
+    ``auto_factory`` and from its own attributes alone: it is patched right after it executes,
+    when transformers' package may still be half imported (idempotent)."""
     if patches.patched(auto_factory, "add_generation_mixin_to_remote_model"):
         return
 

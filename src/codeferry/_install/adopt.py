@@ -58,7 +58,7 @@ from .._trust.decide import locked_files, transformers_ran
 from .._trust.policy import locked
 from ..errors import CodeferryError, LockMismatchError, ModelNotFoundError
 from . import gate as _gate
-from . import gates
+from . import gates, watch
 
 if TYPE_CHECKING:
     from .._code.lockfile import Lock
@@ -77,7 +77,9 @@ _engine_lock: Lock | None = None
 _error_log: logging.Logger | None = None
 _logged: set[tuple[str, str]] = set()  # (reference, error): said once per process
 _loaded_roots: set[str] = set()  # load(): answer for these model folders only
-_generation_pending = False  # install_while_importing(): the generate() hook waits
+_watching = False  # install() or load(): the modules of WATCHED get their patches
+_watcher: watch.Watch | None = None  # the finder install() put on sys.meta_path
+_generation_pending = False  # a module of WATCHED was executing: patched at the first class
 
 
 def _unit_files(folder: Path) -> dict[str, bytes]:
@@ -196,7 +198,8 @@ def _hooked(original: Any) -> Any:
         class_reference: str, pretrained_model_name_or_path: Any, *args: Any, **kwargs: Any
     ) -> Any:
         if _generation_pending:
-            _generation_hook()
+            with _lock:
+                _patch_executed()
         found = None
         try:
             if not args:  # positional cache_dir and friends: leave such calls alone
@@ -225,61 +228,72 @@ def _gates_active() -> bool:
     return _installed or _engine_lock is not None or locked()
 
 
-def _generation_hook() -> None:
-    """transformers' own remote path gets ``GenerationMixin`` as codeferry gives it."""
-    global _generation_pending
-    with _lock:
-        _transformers.install_generation_mixin_hook()
-        _gate.install_custom_generate(lambda: _engine_lock)
-        # the doors beside auto_map (Hub kernels), bound to the same lock as the answers
-        gates.install(_gates_lock, _gates_active)
-        _generation_pending = False
-
-
-#: The modules ``module_completed`` patches, each the moment it has executed.
+#: The modules whose own attributes codeferry patches (``_patch``): the ``generate()`` hook
+#: of remote models, ``custom_generate`` and the Hub kernel gates.
 WATCHED = ("transformers.models.auto.auto_factory", "transformers.generation.utils",
            *gates.MODULES)
 
 
+def _patch(module: Any) -> None:
+    """The patches that belong to ``module`` (one of ``WATCHED``), from its own attributes
+    alone: the modules that import it may still be half imported (idempotent)."""
+    name = getattr(module, "__name__", "")
+    if name == "transformers.models.auto.auto_factory":
+        _transformers.hook_auto_factory(module)
+    elif name == "transformers.generation.utils":
+        _gate.custom_generate_in(module, lambda: _engine_lock)
+    gates.gate_module(module)
+
+
+def _patch_executed() -> None:
+    """``_patch`` each module of ``WATCHED`` that has executed. One still executing (``install()``
+    called inside an import, or the boot routing while transformers imports) waits for the
+    first remote class asked for, where no finder hands it over (caller holds ``_lock``)."""
+    global _generation_pending
+    pending = False
+    for name in WATCHED:
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        if watch.executing(module):
+            pending = True
+        else:
+            _patch(module)
+    _generation_pending = pending
+
+
 def module_completed(module: Any) -> None:
-    """``codeferry exec``'s boot calls this right after a module of ``WATCHED`` executes.
-
-    ``install_while_importing`` leaves the ``generate()`` hook and the Hub kernel gates to
-    the first remote class, since the modules they patch are half imported when transformers'
-    ``dynamic_module_utils`` has just executed. A native model never asks for a remote class,
-    and its config may name a Hub kernel: the gates must be in place before its
-    ``from_pretrained``. So each module gets its own patches as soon as it has executed, from
-    its own attributes alone. Nothing happens where the switch did not route the process.
-    """
+    """Right after a module of ``WATCHED`` executes (the finder ``install()`` put on
+    ``sys.meta_path``, or ``codeferry exec``'s boot): its patches go in now, before any model
+    of it can load. A native model never asks for a remote class, and its config may name a
+    Hub kernel: the gates must be in place before its ``from_pretrained``. Nothing happens
+    where codeferry is not installed."""
     with _lock:
-        if not _installed:
-            return
-        name = getattr(module, "__name__", "")
-        if name == "transformers.models.auto.auto_factory":
-            _transformers.hook_auto_factory(module)
-        elif name == "transformers.generation.utils":
-            _gate.custom_generate_in(module, lambda: _engine_lock)
-        gates.gate_module(module)
+        if _watching:
+            _patch(module)
 
 
-def _hook(dmu: Any = None, *, generation: bool = True) -> None:
-    """Route ``get_class_from_dynamic_module`` through codeferry, wherever it was imported.
+def _hook(dmu: Any = None) -> None:
+    """Route ``get_class_from_dynamic_module`` through codeferry, wherever it was imported, and
+    patch the modules of ``WATCHED``: those executed now, the others as each one executes.
 
     ``dmu``: ``transformers.dynamic_module_utils`` while it is being imported (its package
-    does not hold it yet). ``generation=False`` leaves the ``generate()`` hook to the first
-    remote class asked for: it imports the Auto classes, which may be half imported now.
+    does not hold it yet). Nothing of ``WATCHED`` is imported here: a process that only
+    tokenizes never pays for ``generation.utils`` (torch) or ``modeling_utils``.
     """
-    global _generation_pending
+    global _watching, _watcher
     if dmu is None:
         import transformers.dynamic_module_utils as dmu
 
     with _lock:
         if not patches.patched(dmu, "get_class_from_dynamic_module"):
             _patch_dynamic_modules(dmu)
-        if generation:
-            _generation_hook()
-        else:
-            _generation_pending = True
+        gates.configure(_gates_lock, _gates_active)
+        _watching = True
+        if _watcher is None and not watch.watching(frozenset(WATCHED)):
+            _watcher = watch.Watch(frozenset(WATCHED), module_completed)
+            sys.meta_path.insert(0, _watcher)
+        _patch_executed()
 
 
 def _patch_dynamic_modules(dmu: Any) -> None:
@@ -337,12 +351,12 @@ def install() -> None:
     _install()
 
 
-def _install(dmu: Any = None, *, generation: bool = True) -> None:
+def _install(dmu: Any = None) -> None:
     global _installed
     _loader.install_finder()  # what importing codeferry leaves alone, install() installs
     _pickling.install_cloudpickle_support()
     with _lock:
-        _hook(dmu, generation=generation)
+        _hook(dmu)
         _installed = True
     for mod in list(sys.modules.values()):
         if mod is not None and getattr(mod, "__name__", "").startswith(_PREFIX):
@@ -376,17 +390,20 @@ def install_while_importing(dmu: Any, lock: Lock | None, *, log: logging.Logger 
         if lock is not None:
             _engine_lock = lock
             _error_log = log
-    gates.configure(_gates_lock, _gates_active)
-    _install(dmu, generation=False)
+    _install(dmu)
 
 
 def uninstall() -> None:
     """Give transformers every function codeferry patched back (classes already loaded stay;
     a later ``load`` patches what it needs again)."""
-    global _installed, _engine_lock, _error_log, _generation_pending
+    global _installed, _engine_lock, _error_log, _generation_pending, _watching, _watcher
     with _lock:
         _installed = False
+        _watching = False
         _generation_pending = False
+        if _watcher is not None and _watcher in sys.meta_path:
+            sys.meta_path.remove(_watcher)
+        _watcher = None
         _engine_lock = None
         _error_log = None
         _loaded_roots.clear()

@@ -10,7 +10,7 @@ the module file and every file of the module cache it imports relatively must be
 bytes (same sha256, same path inside the model); anything else raises
 ``UnlockedCodeError`` before a line of it runs, whoever passed ``trust_remote_code=True``.
 
-``custom_generate`` itself (``install_custom_generate``) goes through codeferry like
+``custom_generate`` itself (``custom_generate_in``) goes through codeferry like
 ``auto_map`` code when codeferry can locate the repo: resolved, decided (``decide_door``:
 the caller's trust, or the lock), executed from the verified bytes. A repo codeferry cannot
 locate goes on to transformers, whose own trust check and this gate then apply.
@@ -35,8 +35,7 @@ if TYPE_CHECKING:
     from .._code.bundle import Bundle
     from .._code.lockfile import Lock
 
-__all__ = ["check_bundle", "check_module", "custom_generate_in", "door_of",
-           "install_custom_generate"]
+__all__ = ["check_bundle", "check_module", "custom_generate_in", "door_of"]
 
 _CUSTOM_GENERATE = next(rel for door, rel, _ in DOORS if door == "custom_generate")
 
@@ -98,20 +97,12 @@ def _refused(file: Path, door: str, where: str | None, what: str) -> UnlockedCod
     )
 
 
-def install_custom_generate(current_lock: Callable[[], Lock | None]) -> None:
-    """Answer transformers' ``load_custom_generate`` with codeferry's loader (idempotent).
-
-    ``current_lock``: the engine's lock at call time (``install_for_engine``), if any.
-    """
-    import transformers.generation.utils as generation
-
-    custom_generate_in(generation, current_lock)
-
-
 def custom_generate_in(generation: Any, current_lock: Callable[[], Lock | None]) -> None:
-    """``install_custom_generate`` on the module ``transformers.generation.utils``, from its
-    own attributes alone (``codeferry exec``'s boot calls it right after the module executes,
-    when transformers' package may still be half imported; idempotent)."""
+    """Answer transformers' ``load_custom_generate`` with codeferry's loader, on the module
+    ``transformers.generation.utils`` and from its own attributes alone: it is patched right
+    after it executes, when transformers' package may still be half imported (idempotent).
+
+    ``current_lock``: the engine's lock at call time (``install_for_engine``), if any."""
     import transformers.dynamic_module_utils as dmu  # executed before any module imports it
 
     GenerationMixin = generation.GenerationMixin

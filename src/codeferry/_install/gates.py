@@ -22,14 +22,14 @@ its own kernel mapping. None of it passes ``get_class_from_dynamic_module``, so 
   add trust) so the decision knows the model, whether the caller trusts its code, and
   whether the caller named a kernel itself.
 
-``install`` is called once from ``adopt`` (``install()``, ``install_for_engine``, the boot of
-``codeferry exec`` at the first remote class); ``uninstall()``'s ``restore_all`` undoes it.
+``adopt`` configures them once (``install()``, ``install_for_engine``, the boot of ``codeferry
+exec``) and patches each module of ``MODULES`` with ``gate_module`` when it has executed,
+importing none of them; ``uninstall()``'s ``restore_all`` undoes it.
 """
 
 from __future__ import annotations
 
 import contextvars
-import importlib
 import logging
 import sys
 from collections.abc import Callable
@@ -43,7 +43,7 @@ from .._hf import patches
 from .._trust.decide import kernel_refusal, kernelize_refused, kernelize_skipped
 from ..errors import CodeferryError, HubKernelRefusedError
 
-__all__ = ["MODULES", "configure", "gate_module", "install"]
+__all__ = ["MODULES", "configure", "gate_module"]
 
 logger = logging.getLogger(__name__)
 
@@ -211,19 +211,10 @@ def configure(lock_in_force: Callable[[], bool], active: Callable[[], bool]) -> 
     _lock_in_force, _active = lock_in_force, active
 
 
-def install(lock_in_force: Callable[[], bool], active: Callable[[], bool]) -> None:
-    """Put the Hub kernel gates in place (idempotent), importing what they patch."""
-    configure(lock_in_force, active)
-    for name in MODULES:
-        module = _module(name)  # None: not installed (no Hub kernels, no kernels package)
-        if module is not None:
-            gate_module(module)
-
-
 def gate_module(module: Any) -> None:
     """The gates that belong to ``module`` (one of ``MODULES``), from its own attributes
-    alone: ``codeferry exec``'s boot calls this right after the module executes, when the
-    modules that import it may still be half imported (idempotent)."""
+    alone: it is patched right after it executes, when the modules that import it may still
+    be half imported (idempotent)."""
     name = getattr(module, "__name__", "")
     if name == "transformers.modeling_utils":
         _record(module.PreTrainedModel)
@@ -256,11 +247,3 @@ def _record(owner: type) -> None:
     if not patches.patched(owner, "from_pretrained"):
         func = patches.original(owner, "from_pretrained").__func__
         patches.patch(owner, "from_pretrained", classmethod(_recording(func)))
-
-
-def _module(name: str) -> Any:
-    """The module ``name``, imported if needed; ``None`` where it is not installed."""
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        return None

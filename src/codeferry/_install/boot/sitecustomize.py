@@ -7,7 +7,8 @@ puts this file's folder first on ``PYTHONPATH``, so this one is found. It
 1. reads ``CODEFERRY_INSTALL`` through codeferry's settings module, loaded from its file
    alone (the package would cost every process its imports); off: nothing more happens
    here but step 3;
-2. on: puts a finder on ``sys.meta_path`` that reacts to a few modules only: right after
+2. on: puts a finder (``codeferry/_install/watch.py``, also loaded from its file alone) on
+   ``sys.meta_path`` that reacts to a few modules only: right after
    ``transformers.dynamic_module_utils`` executes, codeferry is imported and routes it
    (``codeferry._install.switch.route``, what ``install()`` does); right after each module
    whose own attributes the Hub kernel gates and the ``generate()`` hook patch executes,
@@ -26,9 +27,7 @@ import sys
 
 TYPE_CHECKING = False  # not typing's: every process imports this file, typing costs it
 if TYPE_CHECKING:
-    from collections.abc import Sequence
     from types import ModuleType
-    from typing import Any
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROUTE = "transformers.dynamic_module_utils"
@@ -43,20 +42,25 @@ _WATCHED = frozenset({
 })
 
 
-def _switch_on() -> bool:
-    """``CODEFERRY_INSTALL``, as ``codeferry._settings`` reads it (its file alone, under a
-    name of its own, in ``sys.modules`` only while it executes: dataclasses looks there)."""
-    name = "_codeferry_boot_settings"
-    path = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "_settings.py")
+def _own(name: str, *parts: str) -> ModuleType:
+    """codeferry's file ``parts`` (from the package folder), executed alone under a name of its
+    own, in ``sys.modules`` only while it executes (dataclasses looks there): importing the
+    package would cost every process its imports."""
+    path = os.path.join(os.path.dirname(os.path.dirname(_HERE)), *parts)
     loader = importlib.machinery.SourceFileLoader(name, path)
-    settings = type(sys)(name)
-    settings.__file__ = path
-    sys.modules[name] = settings
+    module = type(sys)(name)
+    module.__file__ = path
+    sys.modules[name] = module
     try:
-        loader.exec_module(settings)
+        loader.exec_module(module)
     finally:
         del sys.modules[name]
-    return bool(settings.install_switch())
+    return module
+
+
+def _switch_on() -> bool:
+    """``CODEFERRY_INSTALL``, as ``codeferry._settings`` reads it."""
+    return bool(_own("_codeferry_boot_settings", "_settings.py").install_switch())
 
 
 def _route(module: ModuleType) -> None:
@@ -72,35 +76,6 @@ def _route(module: ModuleType) -> None:
         route(module)
     else:
         completed(module)
-
-
-class _Watch:
-    """A finder for the modules of ``_WATCHED`` only: the spec the other finders give, whose
-    loader hands the module to codeferry once it has executed."""
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in _WATCHED:
-            return None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            if finder is self or find is None:
-                continue
-            spec: importlib.machinery.ModuleSpec | None = find(fullname, path, target)
-            if spec is None:
-                continue
-            loader: Any = spec.loader
-            if loader is not None and hasattr(loader, "exec_module"):
-                original = loader.exec_module
-
-                def exec_module(module: ModuleType, original: Any = original) -> None:
-                    original(module)
-                    _route(module)
-
-                loader.exec_module = exec_module
-            return spec
-        return None
 
 
 def _chain() -> None:
@@ -122,6 +97,8 @@ def _chain() -> None:
         raise
 
 
-if _switch_on() and not any(isinstance(f, _Watch) for f in sys.meta_path):
-    sys.meta_path.insert(0, _Watch())
+if _switch_on():
+    _watch = _own("_codeferry_boot_watch", "_install", "watch.py")
+    if not _watch.watching(_WATCHED):
+        sys.meta_path.insert(0, _watch.Watch(_WATCHED, _route))
 _chain()
