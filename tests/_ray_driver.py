@@ -8,6 +8,7 @@ codeferry ships.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -187,6 +188,10 @@ def node_kill(model: str, node2_session: str, pinned: str) -> None:
 
     options: dict[str, Any] = {"backend": "ray", "workers": 2, "trust_remote_code": True,
                                "startup_timeout": 30}
+    said: list[str] = []  # the scheduler's warnings: replacements tried again, workers down
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("codeferry._exec.scheduler").addHandler(handler)
     if pinned == "1":
         options["ray_resources"] = {"num_cpus": 0, "resources": {"node2": 0.01}}
     start = time.monotonic()
@@ -211,6 +216,7 @@ def node_kill(model: str, node2_session: str, pinned: str) -> None:
             "errors": sorted({type(o.error).__name__ for o in outcomes if o.error}),
             "ok": sum(1 for o in outcomes if o.error is None),
             "nodes_before": nodes_before, "nodes_after": nodes_after, "broken": broken,
+            "said": said,
             "seconds_after_kill": done - killed_at[0], "total": done - start})
 
 

@@ -319,12 +319,16 @@ class Scheduler:
         self._start_failed(slot, failure)
 
     def _start_failed(self, slot: _Slot, failure: WorkerStartupError) -> None:
+        """A replacement that failed to start is tried again, up to ``max_retries`` times,
+        but not one that timed out: ``startup_timeout`` bounds how long a worker may take to
+        come up, and a second try would wait as long again (a Ray actor that no node alive can
+        place waits forever: with the defaults, 30 minutes before the run failed)."""
         index = self._slots.index(slot)
         if not self._started.is_set():
             self._startup_error = failure  # the constructor raises it
             return
         slot.failures += 1
-        if slot.failures <= self.max_retries and self._wanted():
+        if slot.failures <= self.max_retries and not slot.timed_out and self._wanted():
             logger.warning("codeferry: worker %d failed to start (%s); trying again", index,
                            failure)
             self._restart(slot)
