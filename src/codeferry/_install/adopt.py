@@ -383,8 +383,8 @@ def install_for_engine(lock: Lock | None = None, *, log: logging.Logger = logger
 def install_while_importing(dmu: Any, lock: Lock | None, *, log: logging.Logger = logger) -> None:
     """``install()`` (``install_for_engine(lock)`` with a lock) from inside the import of
     transformers' ``dynamic_module_utils``, the module ``dmu`` that has just executed (the
-    boot of ``codeferry exec``): everything but the ``generate()`` hook now, that one at the
-    first remote class asked for (the modules it patches may be half imported now)."""
+    boot of ``codeferry exec``). The modules of ``WATCHED`` that transformers is still
+    importing get their patches from the boot's finder as each one finishes executing."""
     global _engine_lock, _error_log
     with _lock:
         if lock is not None:
