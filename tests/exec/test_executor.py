@@ -374,3 +374,56 @@ def test_a_worker_that_cannot_be_replaced_breaks_the_executor_typed(tmp_path: Pa
             ex.generate(["hello"])
         assert isinstance(info.value, concurrent.futures.BrokenExecutor)
         assert isinstance(info.value.__cause__, WorkerStartupError)
+
+
+HANG_AT_START = """
+
+def _hang_at_start(init):
+    def __init__(self, *args, **kwargs):
+        import os
+        import time
+
+        flag = os.environ.get("CODEFERRY_TEST_HANG_AT_START")
+        if flag and os.path.exists(flag):
+            time.sleep(3600)
+        init(self, *args, **kwargs)
+    return __init__
+
+
+HangstartForCausalLM.__init__ = _hang_at_start(HangstartForCausalLM.__init__)
+"""
+
+
+def test_a_replacement_that_hangs_while_starting_is_not_tried_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``startup_timeout`` bounds a start: a replacement that hangs while it builds the
+    model is down after one timeout, not after ``max_retries + 1`` of them (a second try would
+    wait as long again), and the executor breaks typed."""
+    import logging
+
+    path = write_model(tmp_path / "m", ModelSpec(name="hangstart", tokenizer=True))
+    modeling = path / "modeling_hangstart.py"
+    modeling.write_text(modeling.read_text() + HANG_AT_START)
+    flag = tmp_path / "hang"
+    monkeypatch.setenv("CODEFERRY_TEST_HANG_AT_START", str(flag))
+    ex = codeferry.Executor(path, workers=1, start_method="fork", trust_remote_code=True,
+                            max_retries=2, startup_timeout=15)
+    with ex, caplog.at_level(logging.WARNING, logger="codeferry._exec.scheduler"):
+        flag.touch()  # from now on every start hangs
+        pid = ex.pids[0]
+        assert pid is not None
+        started = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        deadline = started + 120
+        while ex._scheduler.failure is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ex._scheduler.failure is not None
+        assert time.monotonic() - started < 15 * 2  # one timeout, not three
+        with pytest.raises(BrokenExecutorError) as info:
+            ex.generate(["hello"])
+        assert isinstance(info.value.__cause__, WorkerStartupError)
+        assert "timed out while starting" in str(info.value.__cause__)
+    said = [r.getMessage() for r in caplog.records]
+    assert not any("trying again" in s for s in said), said
+    assert any("is down" in s and "timed out" in s for s in said), said
