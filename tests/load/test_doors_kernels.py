@@ -250,6 +250,43 @@ def test_a_direct_kernel_request_under_a_lock_is_refused(tmp_path: Path,
     assert hub_kernels.get_kernel.__module__ == "transformers.integrations.hub_kernels"
 
 
+def test_a_kernel_transformers_maps_by_name_is_refused_under_a_lock_and_left_alone_without(
+        any_lock: Path) -> None:
+    """``lazy_load_kernel("finegrained-fp8")``: transformers maps a name to a repo of its own
+    choosing (fp8, MoE and fp4 layers ask for it; a model's ``quantization_config`` picks the
+    layer, never the repo). It fetches through the gated ``get_kernel``: under a lock refused,
+    nothing fetched and nothing cached in transformers' mapping; without a lock it is
+    transformers' own decision and reaches the ``kernels`` package (offline here: its own
+    error). Without ``kernels`` (the dev environment) transformers goes to no Hub at all and
+    answers ``None``; CI's newest stage has ``kernels`` and checks the gate."""
+    from transformers.integrations import hub_kernels
+    from transformers.utils import is_kernels_available
+
+    name, mapping = "finegrained-fp8", {}
+    install_for_engine(codeferry.read_lock(any_lock))
+    try:
+        if is_kernels_available():
+            with pytest.raises(HubKernelRefusedError, match="a lock binds this process") as info:
+                hub_kernels.lazy_load_kernel(name, mapping)
+            assert info.value.repo == "kernels-community/finegrained-fp8"
+            assert mapping == {}  # refused before transformers recorded anything
+        else:
+            assert hub_kernels.lazy_load_kernel(name, mapping) is None
+    finally:
+        codeferry.uninstall()
+    codeferry.install()
+    try:
+        if is_kernels_available():
+            with pytest.raises(Exception) as passed:  # the kernels package's own error
+                hub_kernels.lazy_load_kernel(name, {})
+            assert not isinstance(passed.value, HubKernelRefusedError), passed.value
+            assert "offline" in str(passed.value), passed.value
+        else:
+            assert hub_kernels.lazy_load_kernel(name, {}) is None
+    finally:
+        codeferry.uninstall()
+
+
 def _kernelize(model: Any, config: Any) -> Any:
     """transformers' ``kernelize`` with ``config``: its argument from 5.25, the model's
     ``kernel_config`` before (what the function reads when it has no such argument)."""
