@@ -268,6 +268,64 @@ print(json.dumps(out))
 '''
 
 
+#: ``install()`` called while transformers' ``modeling_utils`` executes: a finder that runs it
+#: at the first import that module makes (an import hook, a plugin a library imports...).
+INSIDE = '''
+import json, sys
+
+class InstallInside:
+    half = None
+    def find_spec(self, name, path=None, target=None):
+        mu = sys.modules.get("transformers.modeling_utils")
+        if self.half is None and mu is not None and getattr(mu.__spec__, "_initializing", False):
+            self.half = [m for m in ("transformers.modeling_utils",) if m in sys.modules]
+            import codeferry
+            codeferry.install()
+        return None
+
+trigger = InstallInside()
+sys.meta_path.insert(0, trigger)
+from transformers import AutoModelForCausalLM
+import transformers
+try:
+    AutoModelForCausalLM.from_pretrained(sys.argv[1])
+    kernel = "loaded"
+except Exception as exc:
+    kernel = type(exc).__name__
+from codeferry._hf import patches
+from transformers.modeling_utils import PreTrainedModel
+print(json.dumps({"version": transformers.__version__, "half": trigger.half, "kernel": kernel,
+                  "recorded": patches.patched(PreTrainedModel, "from_pretrained")}))
+'''
+
+
+def test_install_inside_an_import_of_transformers_patches_the_half_imported_module(
+    tmp_path: Path,
+) -> None:
+    """``install()`` while ``modeling_utils`` is still executing: no finder sees that module
+    start, so it gets its patches at the first import after it finishes, before any model
+    loads; a native model whose config names a Hub kernel is refused (it passed the gate when
+    only the first remote class patched such a module)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests._doors import write_native_model
+
+    native = write_native_model(tmp_path / "native", attn_implementation="kernels-community/x")
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", INSIDE, str(native)], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["half"] == ["transformers.modeling_utils"], got  # install() ran inside it
+    # transformers 4.x reads no kernel from config.json's public field: nothing to refuse
+    assert got["kernel"] == ("loaded" if got["version"].startswith("4.") else
+                             "HubKernelRefusedError"), got
+    assert got["recorded"] is True, got
+
+
 def test_install_imports_nothing_heavy_and_patches_each_module_as_it_is_imported(
     tmp_path: Path,
 ) -> None:

@@ -247,8 +247,9 @@ def _patch(module: Any) -> None:
 
 def _patch_executed() -> None:
     """``_patch`` each module of ``WATCHED`` that has executed. One still executing (``install()``
-    called inside an import, or the boot routing while transformers imports) waits for the
-    first remote class asked for, where no finder hands it over (caller holds ``_lock``)."""
+    called inside an import, or the boot routing while transformers imports) is handed over by
+    the finder at the first import after it finishes (``watch.Watch.pending``), and at the
+    latest at the first remote class asked for (caller holds ``_lock``)."""
     global _generation_pending
     pending = False
     for name in WATCHED:

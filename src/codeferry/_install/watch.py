@@ -9,7 +9,9 @@ start of every process.
 
 Standard library only, and no import of the package: the boot loads this file by its path
 (importing codeferry would cost every process under ``exec``). A module whose execution had
-already begun when the finder went in is not seen: the caller checks ``executing``.
+already begun when the finder went in (``install()`` called inside an import of transformers)
+is handed over at the first import after it finishes: a watched module that executed without
+the finder seeing it start waits in ``Watch.pending`` until then.
 """
 
 from __future__ import annotations
@@ -33,10 +35,17 @@ class Watch:
     def __init__(self, names: frozenset[str], callback: Callable[[ModuleType], None]) -> None:
         self.names = names
         self.callback = callback
+        #: The names not handed over yet. A module whose execution began before this finder
+        #: went in, or that the finders after it found while it went in, never passes through
+        #: ``exec_module`` here: every import checks whether one of these has finished since
+        #: (a few dictionary lookups, and none once all are handed over).
+        self.pending = set(names)
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
+        if self.pending:
+            self._hand_over_finished()
         if fullname not in self.names:
             return None
         for finder in sys.meta_path:
@@ -52,11 +61,23 @@ class Watch:
 
                 def exec_module(module: ModuleType, original: Any = original) -> None:
                     original(module)
-                    self.callback(module)
+                    self._hand_over(module)
 
                 loader.exec_module = exec_module
             return spec
         return None
+
+    def _hand_over(self, module: ModuleType) -> None:
+        self.pending.discard(module.__name__)
+        self.callback(module)
+
+    def _hand_over_finished(self) -> None:
+        """``callback`` for each pending module that has executed (once each: the set shrinks
+        before the call, which may import)."""
+        for name in tuple(self.pending):
+            module = sys.modules.get(name)
+            if module is not None and not executing(module):
+                self._hand_over(module)
 
 
 def watching(names: frozenset[str]) -> bool:
