@@ -91,14 +91,22 @@ def _peak(worker: Any = None) -> int:
     return 0
 
 
+def _gpu_peak(worker: Any = None) -> int:
+    """The most accelerator memory this process's tensors held, bytes (0 without CUDA)."""
+    import torch
+
+    return int(torch.cuda.max_memory_allocated()) if torch.cuda.is_initialized() else 0
+
+
 def user_texts(n: int) -> list[str]:
     """``n`` user messages of 3 to 48 words, most short: ``bench_vs_vllm``'s skewed prompts."""
     return skewed_prompts(n, stride=7)
 
 
 def make_model(root: Path, size: str, prompts_user: list[str], new: int,
-               dtype: str = "float32") -> tuple[Path, dict[str, Any]]:
-    """The model folder, and how its end-of-sequence was chosen."""
+               dtype: str = "float32", device: str = "cpu") -> tuple[Path, dict[str, Any]]:
+    """The model folder, and how its end-of-sequence was chosen (the greedy pass that
+    chooses it runs on ``device``)."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -126,7 +134,8 @@ def make_model(root: Path, size: str, prompts_user: list[str], new: int,
     prompts = chat(tokenizer, prompts_user)
     ids = [tokenizer(p)["input_ids"] for p in prompts]
     torch.set_num_threads(os.cpu_count() or 1)
-    rows = decode(model, ids, [RowOptions(new) for _ in ids], pad_token_id=0)
+    rows = decode(model.to(device), ids, [RowOptions(new) for _ in ids], pad_token_id=0)
+    model = model.to("cpu")
     # Not a token of any prompt, nor one an output starts with (every output at least 2 long).
     used = {t for row in ids for t in row} | set(range(len(marks))) | {row[0] for row in rows}
     eos, ends = choose_ends(rows, new, used)
@@ -146,28 +155,36 @@ def make_model(root: Path, size: str, prompts_user: list[str], new: int,
 def choose_ends(rows: list[list[int]], new: int, used: set[int]) -> tuple[list[int], list[int]]:
     """End-of-sequence ids (at most ``MAX_EOS``) under which the outputs ``rows`` end as
     evenly spread over ``1..new`` as they can: added one at a time, each the token that
-    brings the ends' distribution closest to uniform (Kolmogorov-Smirnov distance)."""
-    def ends_for(chosen: list[int]) -> list[int]:
-        out = []
-        for row in rows:
-            hits = [at for at, t in enumerate(row) if t in chosen]
-            out.append(hits[0] + 1 if hits else new)
-        return out
+    brings the ends' distribution closest to uniform (Kolmogorov-Smirnov distance).
+
+    Each row's first position of each token is found once: a candidate's ends are then
+    the current ends cut by those positions (a pass over the rows, not over every token)."""
+    firsts: list[dict[int, int]] = []
+    for row in rows:
+        first: dict[int, int] = {}
+        for at, token in enumerate(row):
+            first.setdefault(token, at + 1)
+        firsts.append(first)
+
+    def with_token(ends: list[int], token: int) -> list[int]:
+        return [min(end, first.get(token, new)) for end, first in zip(ends, firsts, strict=True)]
 
     def distance(ends: list[int]) -> float:
         ordered = sorted(ends)
         return max(abs((i + 1) / len(ordered) - e / new) for i, e in enumerate(ordered))
 
     chosen: list[int] = []
-    best = distance(ends_for(chosen))
+    ends = [new] * len(rows)
+    best = distance(ends)
     candidates = sorted({t for row in rows for t in row} - used)
     while len(chosen) < MAX_EOS:
-        scored = min(((distance(ends_for([*chosen, t])), t) for t in candidates), default=None)
+        scored = min(((distance(with_token(ends, t)), t) for t in candidates), default=None)
         if scored is None or scored[0] >= best:
             break
         best = scored[0]
         chosen.append(scored[1])
-    return chosen or candidates[:1], ends_for(chosen)
+        ends = with_token(ends, scored[1])
+    return chosen or candidates[:1], ends
 
 
 def chat(tokenizer: Any, users: list[str]) -> list[str]:
@@ -188,6 +205,8 @@ class Way:
     call: Callable[[], tuple[list[str], float]]
     startup_s: float | None
     peak: Callable[[], list[int]] = lambda: [_peak()]
+    #: Accelerator memory per process (``--device cuda``), like ``peak``.
+    gpu_peak: Callable[[], list[int]] = lambda: [_gpu_peak()]
     times: list[float] = field(default_factory=list)
     firsts: list[float] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
@@ -196,6 +215,7 @@ class Way:
     warm: Callable[[], tuple[list[str], float]] | None = None
     note: str = ""
     peaks: list[int] = field(default_factory=list)
+    gpu_peaks: list[int] = field(default_factory=list)
 
 
 def executor_way(label: str, path: str, prompts: list[str], options: dict[str, Any],
@@ -215,38 +235,63 @@ def executor_way(label: str, path: str, prompts: list[str], options: dict[str, A
 
     info = ex.worker_info[0]
     return Way(label, call, startup,
-               peak=lambda: list(ex.collective_rpc(_peak)), close=ex.close,
-               note=f"{len(ex.worker_info)} workers, {info['generate_path']}")
+               peak=lambda: list(ex.collective_rpc(_peak)),
+               gpu_peak=lambda: list(ex.collective_rpc(_gpu_peak)), close=ex.close,
+               note=f"{len(ex.worker_info)} workers, {info['generate_path']}"
+               + ("" if info["generate_path"] == "decode"
+                  else f" ({str(info.get('generate_reason', ''))[:90]})"))
 
 
-def plain_way(path: str, prompts: list[str], options: dict[str, Any]) -> Way:
-    """``generate`` on batches of 8 in input order, left-padded, 2 threads, this process."""
+def started_way(label: str, *args: Any, **settings: Any) -> Way | None:
+    """``executor_way``, or ``None`` with the error printed: one way that cannot start (a
+    setting this device does not take) leaves the others to be measured."""
+    try:
+        return executor_way(label, *args, **settings)
+    except Exception as exc:  # printed, and the run goes on
+        print(f"{label}: did not start: {type(exc).__name__}: {exc}"[:600])
+        return None
+
+
+def plain_way(path: str, prompts: list[str], options: dict[str, Any], device: str = "cpu",
+              size: int = 0) -> Way:
+    """``generate`` on batches of ``size`` (``be.BATCH``, 8, by default) in input order,
+    left-padded, 2 threads, this process, the model on ``device``."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    size = size or be.BATCH
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    model = AutoModelForCausalLM.from_pretrained(path).to(device).eval()
 
     def batch(texts: list[str]) -> list[str]:
-        enc = tokenizer(texts, return_tensors="pt", padding=True)
+        enc = tokenizer(texts, return_tensors="pt", padding=True).to(device)
         with torch.inference_mode():
             out = model.generate(**enc, pad_token_id=tokenizer.pad_token_id,
                                  **{"do_sample": False, **options})
         return [str(tokenizer.decode(row, skip_special_tokens=True))
                 for row in out[:, enc["input_ids"].shape[1]:]]
 
+    gpu = device.startswith("cuda")
+    seen: list[int] = []
+
     def run() -> tuple[list[str], float]:
         torch.set_num_threads(2)
+        if gpu:  # this process's peak, over this way's own calls only
+            torch.cuda.reset_peak_memory_stats()
         begin, texts, first = time.perf_counter(), [], 0.0
-        for start in range(0, len(prompts), be.BATCH):
-            texts += batch(prompts[start:start + be.BATCH])
+        for start in range(0, len(prompts), size):
+            texts += batch(prompts[start:start + size])
             first = first or time.perf_counter() - begin
+        if gpu:
+            seen.append(int(torch.cuda.max_memory_allocated()))
         return texts, first
 
     def warm() -> tuple[list[str], float]:
-        return batch(prompts[:be.BATCH]), 0.0
+        return batch(prompts[:size]), 0.0
 
-    return Way("plain transformers loop (generate, batches of 8, 2 threads)", run, None, warm=warm)
+    where = "2 threads" if device == "cpu" else device
+    return Way(f"plain transformers loop (generate, batches of {size}, {where})", run, None,
+               warm=warm, gpu_peak=lambda: [max(seen, default=0)])
 
 
 class VllmEngine:
@@ -330,7 +375,7 @@ class VllmEngine:
             return peaks
 
         return Way(self.LABELS[self.impl], call, self.startup_s, peak=peak,
-                   note="one engine, every prompt in one generate call")
+                   gpu_peak=lambda: [], note="one engine, every prompt in one generate call")
 
     def close(self) -> None:
         import signal
@@ -369,6 +414,7 @@ def run_ways(ways: list[Way], reps: int) -> None:
             way.firsts.append(first)
     for way in ways:
         way.peaks = way.peak()
+        way.gpu_peaks = way.gpu_peak()
 
 
 def table(name: str, new: int, prompts: list[str], ways: list[Way],
@@ -380,9 +426,10 @@ def table(name: str, new: int, prompts: list[str], ways: list[Way],
         rows.append((way, median, tokens / median))
     base = next((rate for way, _, rate in rows if way.label == VllmEngine.LABELS["auto"]), None)
     print(f"\n### {name}: {len(prompts)} prompts, up to {new} new tokens\n")
-    print("| way | tok/s | vs vLLM CPU | items/s | first s | start-up s | peak RSS | tokens "
-          "| same greedy text | note |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    gpu = any(any(way.gpu_peaks) for way in ways)
+    print("| way | tok/s | vs vLLM CPU | items/s | first s | start-up s | peak RSS "
+          + ("| peak GPU " if gpu else "") + "| tokens | same greedy text | note |")
+    print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if gpu else "") + "---:|---:|---|")
     for way, median, rate in rows:
         first = statistics.median(way.firsts)
         ratio = f"{rate / base:.2f}x" if base else "-"
@@ -390,6 +437,8 @@ def table(name: str, new: int, prompts: list[str], ways: list[Way],
                 else f"{sum(a.strip() == b.strip() for a, b in zip(way.texts, reference, strict=True))}"
                 f"/{len(way.texts)}")
         peak = f"{max(way.peaks) / 2**30:.2f} GiB x{len(way.peaks)}" if way.peaks else "-"
+        if gpu:
+            peak += f" | {max(way.gpu_peaks) / 2**30:.2f} GiB" if way.gpu_peaks else " | -"
         startup = "-" if way.startup_s is None else f"{way.startup_s:.1f}"
         print(f"| {way.label} | {rate:.1f} | {ratio} | {len(prompts) / median:.2f} | {first:.2f} "
               f"| {startup} | {peak} | {sum(count(t, new) for t in way.texts)} | {same} "
@@ -410,6 +459,13 @@ def main() -> int:
     parser.add_argument("--setting", action="append", default=None,
                         help="Executor settings (JSON) besides the defaults; default: "
                         + " ".join(SETTINGS))
+    parser.add_argument("--device", default="cpu",
+                        help="where codeferry's ways and the plain loop run (cpu, cuda); "
+                        "vLLM's ways are vLLM CPU's wherever this is")
+    parser.add_argument("--plain-batch", type=int, action="append", default=None,
+                        help=f"the plain loop's batch size, one way each (default {be.BATCH})")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="start no workload after this many seconds (a leased machine)")
     args = parser.parse_args()
     settings = args.setting or list(SETTINGS)
     chosen = args.workload or ["greedy", "sampled", "forced16"]
@@ -418,9 +474,14 @@ def main() -> int:
         root = Path(name)
         be.isolate(root)
         print(f"command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
-        print(be.machine_line() + " (2 shared cores: other work may be running; read ratios)")
+        print(be.machine_line() + " (a shared machine: other work may be running; read ratios)")
+        if args.device != "cpu":
+            import torch
+
+            print(f"device: {args.device}, {torch.cuda.get_device_name()}")
         users = user_texts(args.prompts)
-        path, made = make_model(root, args.size, users, args.max_new_tokens, args.dtype)
+        path, made = make_model(root, args.size, users, args.max_new_tokens, args.dtype,
+                                args.device)
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(path)
@@ -436,20 +497,29 @@ def main() -> int:
                    "forced16": {"max_new_tokens": 16, "min_new_tokens": 16}}
         engines = [VllmEngine(args.vllm_python, str(path), impl, args.dtype, root)
                    for impl in ("auto", "transformers")] if args.vllm_python else []
+        where = {} if args.device == "cpu" else {"device": args.device}
         for workload in chosen:
+            if args.budget_s is not None and time.perf_counter() - started > args.budget_s:
+                print(f"\n### {workload}: not run (past --budget-s {args.budget_s:.0f})")
+                continue
             opts = options[workload]
             ways = [w for e in engines
                     if (w := e.way(prompts, vllm_params(opts, made["eos"]))) is not None]
-            ways.append(executor_way("codeferry Executor, defaults", str(path), prompts, opts))
+            tried: list[Way | None] = [started_way(
+                f"codeferry Executor({json.dumps(where)[1:-1]}), defaults" if where
+                else "codeferry Executor, defaults", str(path), prompts, opts, **where)]
             for setting in settings:
-                ways.append(executor_way(f"codeferry Executor({setting})", str(path), prompts,
-                                         opts, **json.loads(setting)))
-            ways.append(plain_way(str(path), prompts, opts))
+                tried.append(started_way(f"codeferry Executor({setting})", str(path), prompts,
+                                         opts, **where, **json.loads(setting)))
+            plains = [plain_way(str(path), prompts, opts, args.device, size)
+                      for size in args.plain_batch or [be.BATCH]]
+            ways += [w for w in tried if w is not None] + plains
             run_ways(ways, args.reps)
             for way in ways:
                 way.close()
             limit = opts["max_new_tokens"]
-            table(workload, limit, prompts, ways, ways[-1].texts)
+            table(workload, limit, prompts, ways, plains[0].texts)
+            sys.stdout.flush()
         for engine in engines:
             engine.close()
     print(f"\ntotal {time.perf_counter() - started:.0f} s, load average at the end "

@@ -316,9 +316,13 @@ class _Chooser:
         import torch
 
         vocab = scores.shape[-1]
-        temperature = torch.tensor([max(o.temperature, 1e-6) for o in options])
+        temperature = torch.tensor([max(o.temperature, 1e-6) for o in options],
+                                   device=scores.device)
         ks = [o.top_k if 0 < o.top_k < vocab else vocab for o in options]
         values, order = torch.topk(scores / temperature.unsqueeze(-1), max(ks))  # sorted
+        # The draw on CPU, wherever the model runs: a seed's generator is a CPU one, and
+        # the same seed draws the same tokens on every device (the top-k only crosses).
+        values, order = values.cpu(), order.cpu()
         rank = torch.arange(values.shape[-1]).unsqueeze(0)
         values = values.masked_fill(rank >= torch.tensor(ks).unsqueeze(-1), float("-inf"))
         top_p = torch.tensor([o.top_p for o in options]).unsqueeze(-1)
