@@ -139,13 +139,13 @@ def test_doctor_says_which_path_a_model_takes(llama: Path) -> None:
 
     works = doctor(str(llama), workers=1, start_method="fork")
     assert works.workers[0].checks["generate_path"] == {
-        "cpu": "decode", "accelerator": "continuous",
-        "reason": "a greedy probe matched generate token for token"}
-    assert "generate: decode on cpu, continuous on an accelerator" in render_doctor(works)
+        "cpu": "decode", "accelerator": "decode",
+        "reason": "a greedy probe of the decode loop matched generate token for token"}
+    assert "generate: decode on cpu, decode on an accelerator" in render_doctor(works)
     demo = doctor(cli._demo(), workers=1, start_method="fork", trust_remote_code=True)
     line = render_doctor(demo)
-    assert "generate: batched on cpu, batched on an accelerator (continuous batching does not " \
-           "work for this model: ValueError: num_key_value_heads" in line
+    assert "generate: batched on cpu, batched on an accelerator (the decode loop does not " \
+           "work for this model: " in line
 
 
 @pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampled"])
@@ -195,3 +195,26 @@ def test_lighter_min_new_tokens_leaves_what_it_cannot_match(llama: Path) -> None
         assert lighter_min_new_tokens(options, 5, config) is options
     assert lighter_min_new_tokens({"min_new_tokens": 3}, 5, GenerationConfig()) == {
         "min_new_tokens": 3}  # no end-of-sequence: nothing to enforce
+
+
+def test_auto_on_an_accelerator_takes_the_decode_loop_and_never_continuous_batching(
+        llama: Path) -> None:
+    """The choice a ``cuda`` worker makes (its probe runs where the model is: here, on CPU).
+    Measured on an H200 (docs/benchmarks.md), continuous batching made 177 tokens/s where
+    the decode loop made 1336: ``auto`` takes the loop where its probe matches, batched
+    ``generate`` (saying why) where it does not, and continuous batching only when asked."""
+    from transformers import AutoModelForCausalLM, MistralConfig, MistralForCausalLM
+
+    from codeferry._exec.generation import choose_path
+    from codeferry._exec.stream import choose
+
+    model = AutoModelForCausalLM.from_pretrained(llama).eval()
+    path, why = choose(model, "auto", "cuda", 2) or ("", "")
+    assert path == "decode" and "codeferry's attention" not in why  # CPU's attention only
+    assert choose(model, "continuous", "cuda", 2) is None  # asked: generation decides
+    assert choose_path(model, "auto", "cuda", 2)[0] == "batched"
+    windowed = MistralForCausalLM(MistralConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, head_dim=32, sliding_window=4)).eval()
+    path, why = choose(windowed, "auto", "cuda", 0) or ("", "")
+    assert path == "batched" and why.startswith("the decode loop does not work for this model")

@@ -163,13 +163,17 @@ def _plain_causal_lm(config: Any) -> Any:
 
 
 def _generate_path(model: Any) -> dict[str, str]:
-    """Whether continuous batching works for this architecture (a greedy probe on the
-    random weights): the path an executor worker takes on an accelerator. (On CPU it is
-    the one the generate check took.)"""
-    from .._exec.generation import choose_path
+    """Whether the decode loop works for this architecture (its greedy probe on the random
+    weights, without codeferry's CPU attention): the path an executor worker takes on an
+    accelerator. (On CPU it is the one the generate check took.)"""
+    from .._exec.stream import probe
 
-    path, reason = choose_path(model.eval(), "continuous", "cpu", None)
-    return {"cpu": "batched", "accelerator": path, "reason": reason.rstrip(":")}
+    failure = probe(model.eval(), 0)
+    if failure is None:
+        return {"cpu": "batched", "accelerator": "decode",
+                "reason": "a greedy probe of the decode loop matched generate token for token"}
+    return {"cpu": "batched", "accelerator": "batched",
+            "reason": f"the decode loop does not work for this model: {failure}"}
 
 
 def doctor(

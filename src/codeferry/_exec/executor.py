@@ -89,9 +89,9 @@ class Executor:
 
     Batches: ``batch_size`` fixes the inputs per batch; by default inputs of similar length
     are batched together, ``max_batch_tokens`` padded tokens a batch (``_batching``).
-    ``generate_path``: ``"auto"`` (on CPU the decode loop, ``decode.py``, when a probe shows
-    it gives ``generate``'s tokens for the model; continuous batching on an accelerator when
-    the model supports it; batched ``generate`` otherwise), ``"decode"``, ``"continuous"`` or
+    ``generate_path``: ``"auto"`` (the decode loop, ``decode.py``, when a probe shows it
+    gives ``generate``'s tokens for the model, on CPU and on an accelerator; batched
+    ``generate`` otherwise), ``"decode"``, ``"continuous"`` or
     ``"batched"``; each worker's choice is in ``worker_info`` (``_generation``).
 
     Refused before any worker starts (``_checks``): a ``device`` this machine's torch

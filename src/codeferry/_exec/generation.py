@@ -9,11 +9,14 @@ logged and the request comes back missing or empty. So each worker decides per m
 start-up (``choose_path``): a tiny greedy generation both ways, compared token for token.
 Its answer travels in the worker's ready message (``info["generate_path"]``).
 
-Measured on CPU (benchmarks/bench_vs_vllm.py, README "Throughput"), continuous batching is
-slower than ``generate`` over length-sorted batches for small models: its scheduler and
-paged-attention bookkeeping cost more per step than the padding it saves when the planner
-has already grouped prompts by length. ``auto`` therefore takes it only on an accelerator;
-``continuous`` asks for it anywhere it works.
+Measured, continuous batching is slower than ``generate`` over length-sorted batches: on
+CPU (benchmarks/bench_vs_vllm.py) its scheduler and paged-attention bookkeeping cost more
+per step than the padding it saves when the planner has already grouped prompts by length;
+on an H200 (benchmarks/bench_generation.py --device cuda, transformers 5.23, a 217M Llama,
+``docs/benchmarks.md``) it made 177 generated tokens/s where the decode loop made 1336 and
+one ``generate`` of every prompt 1977. ``auto`` therefore never takes it (the decode loop
+first, ``stream.choose``, then batched ``generate``); ``continuous`` asks for it anywhere it
+works.
 
 ``generate_batch`` runs in a thread of its own, and tensors made under
 ``torch.inference_mode`` in the caller's thread cannot be updated there, so it is never
@@ -174,11 +177,13 @@ def choose_path(model: Any, requested: str, device: str, pad_token_id: int | Non
                          f"got {requested!r}")
     if requested == "batched":
         return "batched", "asked for (generate_path='batched')"
+    if requested == "auto":
+        # Not even probed: it would not be taken, and the probe costs start-up time.
+        return "batched", ("the decode loop does not work for this model, and continuous "
+                           "batching is slower than batched generate on CPU and on a GPU "
+                           "(taken only when asked: generate_path='continuous')")
     if not hasattr(model, "generate_batch"):
         return "batched", "this transformers has no continuous batching (generate_batch)"
-    if requested == "auto" and device.startswith("cpu"):
-        # Not even probed: on CPU it would not be taken, and the probe costs start-up time.
-        return "batched", "cpu: length-sorted batches are faster than continuous batching here"
     failure = _probe(model, 0 if pad_token_id is None else pad_token_id)
     if failure is not None:
         return "batched", f"continuous batching does not work for this model: {failure}"

@@ -176,11 +176,11 @@ def probe(model: Any, pad: int) -> str | None:
 
 
 def choose(model: Any, requested: str, device: str, pad: int | None) -> tuple[str, str] | None:
-    """``("decode", why)`` when a worker generates with this loop; ``None``: the other paths
-    decide (``generation.choose_path``). ``auto`` takes it on CPU, where it was measured
-    (``benchmarks/bench_generation.py``); ``decode`` asks for it anywhere it works."""
-    if requested not in ("auto", "decode") or (requested == "auto" and
-                                                not device.startswith("cpu")):
+    """For ``auto`` and ``decode``: ``("decode", why)`` where the loop's probe matches on this
+    model, on any device, else ``("batched", why not)``; ``None`` for the other requests
+    (``generation.choose_path`` decides those). Measured (``benchmarks/bench_generation.py``, ``docs/benchmarks.md``)
+    ahead of batched ``generate`` and continuous batching on CPU and on an H200 alike."""
+    if requested not in ("auto", "decode"):
         return None
     if device.startswith("cpu") and _settings.cpu_float32_attention() and enable(model):
         if probe(model, 0 if pad is None else pad) is None:
@@ -192,9 +192,7 @@ def choose(model: Any, requested: str, device: str, pad: int | None) -> tuple[st
     if failure is None:
         return "decode", ("a greedy probe of the decode loop matched generate token for token "
                           "(tied logits either way)")
-    if requested == "decode":
-        return "batched", f"the decode loop does not work for this model: {failure}"
-    return None
+    return "batched", f"the decode loop does not work for this model: {failure}"
 
 
 def generate(model: Any, tokenizer: Any, texts: list[str],
