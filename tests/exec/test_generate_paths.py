@@ -212,7 +212,8 @@ def test_auto_on_an_accelerator_takes_the_decode_loop_and_never_continuous_batch
     path, why = choose(model, "auto", "cuda", 2) or ("", "")
     assert path == "decode" and "codeferry's attention" not in why  # CPU's attention only
     assert choose(model, "continuous", "cuda", 2) is None  # asked: generation decides
-    assert choose_path(model, "auto", "cuda", 2)[0] == "batched"
+    with pytest.raises(ValueError, match=r"stream\.choose decides 'auto'"):
+        choose_path(model, "auto", 2)  # never the way auto reaches continuous batching
     windowed = MistralForCausalLM(MistralConfig(
         vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
         num_attention_heads=2, num_key_value_heads=2, head_dim=32, sliding_window=4)).eval()

@@ -28,13 +28,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import Any
 
-__all__ = ["GeneratePath", "GENERATE_PATHS", "choose_path", "continuous_supports",
-           "generate_continuous"]
+__all__ = ["GENERATE_PATHS", "choose_path", "continuous_supports", "generate_continuous"]
 
-GeneratePath = Literal["auto", "continuous", "batched"]
-GENERATE_PATHS: tuple[str, ...] = ("auto", "continuous", "batched")
+#: The requests ``choose_path`` answers (``stream.choose`` answers ``auto`` and ``decode``).
+GENERATE_PATHS: tuple[str, ...] = ("continuous", "batched")
 
 #: ``generate`` options the continuous path honours exactly; any other sends a call batched.
 _SUPPORTED = {"max_new_tokens", "min_new_tokens", "do_sample", "pad_token_id", "eos_token_id"}
@@ -170,18 +169,15 @@ def _until(row: list[int], eos: Any) -> list[int]:
     return row
 
 
-def choose_path(model: Any, requested: str, device: str, pad_token_id: int | None) -> tuple[str, str]:
-    """The path this worker takes, and why: ``("continuous" | "batched", reason)``."""
+def choose_path(model: Any, requested: str, pad_token_id: int | None) -> tuple[str, str]:
+    """The path a worker asked for ``continuous`` or ``batched`` takes, and why:
+    ``("continuous" | "batched", reason)``. ``auto`` never reaches continuous batching:
+    ``stream.choose`` answers it (the decode loop, else batched ``generate``)."""
     if requested not in GENERATE_PATHS:
-        raise ValueError(f"generate_path must be one of {', '.join(GENERATE_PATHS)}, "
-                         f"got {requested!r}")
+        raise ValueError(f"choose_path answers 'continuous' or 'batched', got {requested!r} "
+                         "(stream.choose decides 'auto' and 'decode')")
     if requested == "batched":
         return "batched", "asked for (generate_path='batched')"
-    if requested == "auto":
-        # Not even probed: it would not be taken, and the probe costs start-up time.
-        return "batched", ("the decode loop does not work for this model, and continuous "
-                           "batching is slower than batched generate on CPU and on a GPU "
-                           "(taken only when asked: generate_path='continuous')")
     if not hasattr(model, "generate_batch"):
         return "batched", "this transformers has no continuous batching (generate_batch)"
     failure = _probe(model, 0 if pad_token_id is None else pad_token_id)

@@ -102,7 +102,7 @@ class TransformersEngine:
             requested = self.spec.generate_path
             self.generate_path = choose(self.models[key], requested, self.spec.device,
                                         self.tokenizer.pad_token_id) or choose_path(
-                self.models[key], requested, self.spec.device, self.tokenizer.pad_token_id)
+                self.models[key], requested, self.tokenizer.pad_token_id)
 
     def info(self) -> dict[str, Any]:
         """What the ready message tells the parent: classes, and how ``generate`` runs."""

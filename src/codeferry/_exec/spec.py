@@ -28,7 +28,8 @@ class WorkerSpec:
     #: The digest the parent checked: the worker runs exactly this code or fails with
     #: ``CodeChangedError`` (``None``: whatever the trust or lock allows).
     digest: str | None = None
-    #: ``auto``, ``continuous`` or ``batched``: see ``_generation.choose_path``.
+    #: ``auto``, ``decode``, ``continuous`` or ``batched``: see ``stream.choose`` and
+    #: ``generation.choose_path``.
     generate_path: str = "auto"
     #: ``transformers``, ``vllm`` or ``auto`` (vLLM, else transformers with the reason):
     #: which engine generates (``build_engine``; the parent resolved ``auto`` when vLLM is

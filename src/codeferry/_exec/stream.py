@@ -178,8 +178,9 @@ def probe(model: Any, pad: int) -> str | None:
 def choose(model: Any, requested: str, device: str, pad: int | None) -> tuple[str, str] | None:
     """For ``auto`` and ``decode``: ``("decode", why)`` where the loop's probe matches on this
     model, on any device, else ``("batched", why not)``; ``None`` for the other requests
-    (``generation.choose_path`` decides those). Measured (``benchmarks/bench_generation.py``, ``docs/benchmarks.md``)
-    ahead of batched ``generate`` and continuous batching on CPU and on an H200 alike."""
+    (``generation.choose_path`` decides those). The loop measured ahead of batched
+    ``generate`` and continuous batching on CPU and on an H200 alike
+    (``benchmarks/bench_generation.py``, ``docs/benchmarks.md``)."""
     if requested not in ("auto", "decode"):
         return None
     if device.startswith("cpu") and _settings.cpu_float32_attention() and enable(model):
