@@ -186,8 +186,11 @@ def node_kill(model: str, node2_session: str, pinned: str) -> None:
 
     import codeferry
 
+    # 60 s: the first start of both actors on node2 took over 30 s once under CI's load
+    # (WorkerStartupError before any kill); a replacement no node can place still waits
+    # one timeout, not max_retries + 1 of them.
     options: dict[str, Any] = {"backend": "ray", "workers": 2, "trust_remote_code": True,
-                               "startup_timeout": 30}
+                               "startup_timeout": 60}
     said: list[str] = []  # the scheduler's warnings: replacements tried again, workers down
     handler = logging.Handler()
     handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
