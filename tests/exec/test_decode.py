@@ -18,7 +18,15 @@ from typing import Any
 import pytest
 
 import codeferry
-from codeferry._exec.decode import Engine, RowOptions, decode, row_options, rows_for, supports
+from codeferry._exec.decode import (
+    Engine,
+    RowOptions,
+    blocks,
+    decode,
+    row_options,
+    rows_for,
+    supports,
+)
 from codeferry._exec.stream import _follows, probe
 
 EOS = 108  # a token this model's greedy outputs reach, at different positions
@@ -177,6 +185,64 @@ def test_rows_are_bounded_by_the_kv_budget(model: Any) -> None:
     assert rows_for(model, 100, kv_budget=per_row * 5) == 5
     assert rows_for(model, 100, kv_budget=1) == 1
     assert rows_for(model, 100) == 64
+
+
+def test_kept_rows_move_in_runs_of_consecutive_rows() -> None:
+    assert blocks([]) == []
+    assert blocks([0, 1, 2]) == [(0, 3, 0)]
+    assert blocks([0, 2, 3, 7]) == [(0, 1, 0), (2, 4, 1), (7, 8, 3)]
+
+
+def _filled(layer_class: Any, rows: int, length: int, capacity: int) -> Any:
+    import torch
+
+    layer = layer_class()
+    layer.capacity = capacity
+    keys = torch.arange(rows * 2 * length * 4, dtype=torch.float32).reshape(rows, 2, length, 4)
+    layer.update(keys + 1, -(keys + 1))  # no zero among the real columns
+    return layer
+
+
+def _poison() -> None:
+    """Hand the allocator back blocks full of NaN, the memory an empty buffer may get."""
+    import torch
+
+    for size in (64, 128, 256, 512, 1024, 2048):
+        torch.full((size,), float("nan"))
+
+
+def test_cache_moves_keep_the_rows_and_zero_only_the_padding() -> None:
+    """Rows joined on the longer length get zeroed padding (attention reads it masked: 0
+    weight times NaN left in memory would be NaN), compaction keeps rows and drops columns,
+    and columns past the length are never read."""
+    import torch
+
+    from codeferry._exec.decode import _layer_class
+
+    layer_class = _layer_class()
+    for _ in range(20):
+        long, short = _filled(layer_class, 3, 6, 9), _filled(layer_class, 2, 2, 2)
+        want_long, want_short = long.keys.clone(), short.keys.clone()
+        _poison()
+        long.append_rows(short, 12)
+        assert long.keys.shape == (5, 2, 6, 4) and long.kbuf.shape[-2] == 12
+        assert torch.equal(long.keys[:3], want_long)
+        assert torch.equal(long.keys[3:, :, 4:], want_short)
+        assert torch.equal(long.values[3:, :, 4:], -want_short)
+        assert not long.keys[3:, :, :4].any() and not long.values[3:, :, :4].any()
+
+        short, other = _filled(layer_class, 2, 2, 2), _filled(layer_class, 2, 5, 5)
+        want_short = short.keys.clone()
+        _poison()
+        short.append_rows(other, 5)
+        assert torch.equal(short.keys[:2, :, 3:], want_short)
+        assert not short.keys[:2, :, :3].any() and not short.values[:2, :, :3].any()
+
+        before = long.keys.clone()
+        _poison()
+        long.resize([0, 2, 3], 1, 11)
+        assert torch.equal(long.keys, before[[0, 2, 3], :, 1:])
+        assert long.kbuf.shape[-2] == 11
 
 
 def llama_folder(path: Any) -> tuple[Any, Any]:

@@ -123,12 +123,31 @@ def rows_for(model: Any, longest: int, kv_budget: int = KV_BUDGET,
     return int(max(1, min(max_rows, kv_budget // per_row)))
 
 
+def blocks(rows: list[int]) -> list[tuple[int, int, int]]:
+    """``rows`` (increasing) as runs of consecutive rows: ``(first, end, where)`` each, rows
+    ``first..end`` of the old buffer landing at row ``where`` of the new one. Copying a run is
+    one slice copy; indexing rows with a list copies them twice (a gathered temporary first)."""
+    out: list[tuple[int, int, int]] = []
+    for at, row in enumerate(rows):
+        if out and out[-1][1] == row:
+            first, _, where = out[-1]
+            out[-1] = (first, row + 1, where)
+        else:
+            out.append((row, row + 1, at))
+    return out
+
+
 def _layer_class() -> Any:
     import torch
     from transformers.cache_utils import DynamicLayer
 
     class _Layer(DynamicLayer):  # type: ignore[no-untyped-call]  # untyped in transformers
-        """A ``DynamicLayer`` over a preallocated buffer: ``update`` writes in place."""
+        """A ``DynamicLayer`` over a preallocated buffer: ``update`` writes in place.
+
+        Columns past ``length`` are never read (``keys`` and ``values`` end there), so a
+        buffer is allocated empty and only padding columns, read under a mask, are zeroed:
+        a masked weight is 0, and 0 times leftover memory that happens to be NaN is NaN.
+        """
 
         capacity = 0
         #: The dtype keys and values are stored in (``attention.cache_dtype``), else theirs.
@@ -142,41 +161,54 @@ def _layer_class() -> Any:
                 self.length = 0
                 shape = (*key_states.shape[:2], max(self.capacity, key_states.shape[-2]),
                          key_states.shape[-1])
-                self.kbuf = torch.zeros(shape, dtype=self.dtype, device=self.device)
-                self.vbuf = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                self.kbuf = torch.empty(shape, dtype=self.dtype, device=self.device)
+                self.vbuf = torch.empty(shape, dtype=self.dtype, device=self.device)
             end = self.length + key_states.shape[-2]
             if end > self.kbuf.shape[-2]:  # past the capacity planned: grow by half
-                self.resize(torch.arange(self.kbuf.shape[0]), 0, end + end // 2)
+                self.resize(list(range(self.kbuf.shape[0])), 0, end + end // 2)
             self.kbuf[:, :, self.length:end] = key_states
             self.vbuf[:, :, self.length:end] = value_states
             self.length = end
             self.keys, self.values = self.kbuf[:, :, :end], self.vbuf[:, :, :end]
             return self.keys, self.values
 
-        def resize(self, rows: Any, start: int, capacity: int, *, pad: int = 0) -> None:
-            """Keep ``rows`` and the columns from ``start``, ``pad`` empty columns before them,
-            in a buffer of ``capacity`` columns."""
+        def _new(self, rows: int, capacity: int) -> tuple[Any, Any]:
+            shape = (rows, self.kbuf.shape[1], capacity, self.kbuf.shape[3])
+            return (torch.empty(shape, dtype=self.kbuf.dtype, device=self.kbuf.device),
+                    torch.empty(shape, dtype=self.vbuf.dtype, device=self.vbuf.device))
+
+        def _place(self, new: tuple[Any, Any], at: int, pad: int, rows: list[int],
+                   start: int) -> None:
+            """Copy ``rows`` (columns ``start..length``) into ``new`` from row ``at``, after
+            ``pad`` zeroed columns."""
             kept = self.length - start
-            shape = (len(rows), self.kbuf.shape[1], max(capacity, pad + kept), self.kbuf.shape[3])
-            for name in ("kbuf", "vbuf"):
-                old = getattr(self, name)
-                new = torch.zeros(shape, dtype=old.dtype, device=old.device)
-                new[:, :, pad:pad + kept] = old[rows, :, start:self.length]
-                setattr(self, name, new)
-            self.length = pad + kept
-            self.keys, self.values = self.kbuf[:, :, :self.length], self.vbuf[:, :, :self.length]
+            for buffer, old in zip(new, (self.kbuf, self.vbuf), strict=True):
+                buffer[at:at + len(rows), :, :pad].zero_()
+                for first, end, where in blocks(rows):
+                    buffer[at + where:at + where + end - first, :, pad:pad + kept] = (
+                        old[first:end, :, start:self.length])
+
+        def _use(self, new: tuple[Any, Any], length: int) -> None:
+            self.kbuf, self.vbuf = new
+            self.length = length
+            self.keys, self.values = self.kbuf[:, :, :length], self.vbuf[:, :, :length]
+
+        def resize(self, rows: list[int], start: int, capacity: int) -> None:
+            """Keep ``rows`` (increasing) and the columns from ``start``, in a buffer of
+            ``capacity`` columns."""
+            kept = self.length - start
+            new = self._new(len(rows), max(capacity, kept))
+            self._place(new, 0, 0, rows, start)
+            self._use(new, kept)
 
         def append_rows(self, other: Any, capacity: int) -> None:
             """Add ``other``'s rows below these, both right-aligned on the longer length."""
             length = max(self.length, other.length)
-            mine = torch.arange(self.kbuf.shape[0])
-            self.resize(mine, 0, capacity, pad=length - self.length)
-            for name in ("kbuf", "vbuf"):
-                below = torch.zeros((other.kbuf.shape[0], *getattr(self, name).shape[1:]),
-                                    dtype=self.dtype, device=self.device)
-                below[:, :, length - other.length:length] = getattr(other, name)[:, :, :other.length]
-                setattr(self, name, torch.cat([getattr(self, name), below]))
-            self.keys, self.values = self.kbuf[:, :, :length], self.vbuf[:, :, :length]
+            mine, theirs = self.kbuf.shape[0], other.kbuf.shape[0]
+            new = self._new(mine + theirs, max(capacity, length))
+            self._place(new, 0, length - self.length, list(range(mine)), 0)
+            other._place(new, mine, length - other.length, list(range(theirs)), 0)
+            self._use(new, length)
 
     return _Layer
 
@@ -248,7 +280,7 @@ class _Batch:
         mask = self.mask[index]
         start = int((mask.sum(0) > 0).nonzero()[0, 0]) if mask.shape[1] else 0
         for layer in self.cache.layers:
-            layer.resize(index, start, layer.kbuf.shape[-2] - start)
+            layer.resize(keep, start, layer.kbuf.shape[-2] - start)
         self.mask, self.position = mask[:, start:], self.position[index]
         self.last = self.last[index]
         self.rows = [self.rows[i] for i in keep]
