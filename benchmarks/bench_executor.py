@@ -136,6 +136,12 @@ def machine_line() -> str:
             f"transformers {transformers.__version__}, load average at start {load:.2f}")
 
 
+def preamble() -> None:
+    """Print the command and the machine, as a table's first lines (a shared machine)."""
+    print(f"command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
+    print(machine_line() + " (a shared machine: other work may be running; read ratios)")
+
+
 def make_llama(root: Path, tokenizer_from: str, hidden: int, layers: int) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM

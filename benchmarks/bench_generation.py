@@ -473,8 +473,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="codeferry-bench-generation-") as name:
         root = Path(name)
         be.isolate(root)
-        print(f"command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
-        print(be.machine_line() + " (a shared machine: other work may be running; read ratios)")
+        be.preamble()
         if args.device != "cpu":
             import torch
 
