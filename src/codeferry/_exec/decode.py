@@ -181,10 +181,10 @@ def _layer_class() -> Any:
                    start: int) -> None:
             """Copy ``rows`` (columns ``start..length``) into ``new`` from row ``at``, after
             ``pad`` zeroed columns."""
-            kept = self.length - start
+            kept, runs = self.length - start, blocks(rows)
             for buffer, old in zip(new, (self.kbuf, self.vbuf), strict=True):
                 buffer[at:at + len(rows), :, :pad].zero_()
-                for first, end, where in blocks(rows):
+                for first, end, where in runs:
                     buffer[at + where:at + where + end - first, :, pad:pad + kept] = (
                         old[first:end, :, start:self.length])
 
