@@ -13,8 +13,8 @@ Why: on CI's 2 cores the CPU is busy from the first test to the last, so the wal
 about the CPU time over two, and the CPU goes mostly to fresh interpreters that import
 torch and transformers (7-9 s each under the suite's own load on the 2026-12-04 machine;
 3.3 s on an idle one at 23:05 UTC) - processes the tests start, which pytest's
-``--durations`` does not count (it shows wall seconds, shared with whatever ran beside). This says which files cost the CPU, and so what a budget would cost in
-coverage.
+``--durations`` does not count (it shows wall seconds, shared with whatever ran beside).
+This says which files cost the CPU, and so what a budget would cost in coverage.
 
 How: pytest runs with this file as a plugin (``-p bench_suite``): each test's start, end,
 and its worker's own CPU time at both, go to a log. Meanwhile the script reads every
