@@ -11,8 +11,8 @@ the vLLM files skip and the table leaves them out.
 
 Why: on CI's 2 cores the CPU is busy from the first test to the last, so the wall time is
 about the CPU time over two, and the CPU goes mostly to fresh interpreters that import
-torch and transformers (7-9 s each under the suite's own load on the 2026-12-04 machine;
-3.3 s on an idle one at 23:05 UTC) - processes the tests start, which pytest's
+torch and transformers (7-9 s each on the machine of 2026-12-04's day; 3.3 s idle at 23:05
+UTC, when the machine ran about twice as fast) - processes the tests start, which pytest's
 ``--durations`` does not count (it shows wall seconds, shared with whatever ran beside).
 This says which files cost the CPU, and so what a budget would cost in coverage.
 
