@@ -325,7 +325,8 @@ class Scheduler:
         place waits forever: with the defaults, 30 minutes before the run failed)."""
         index = self._slots.index(slot)
         if not self._started.is_set():
-            self._startup_error = failure  # the constructor raises it
+            # the constructor raises the first (the others' are often that one's echo)
+            self._startup_error = self._startup_error or failure
             return
         slot.failures += 1
         if slot.failures <= self.max_retries and not slot.timed_out and self._wanted():

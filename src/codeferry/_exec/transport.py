@@ -12,6 +12,10 @@ Events, in the order a worker produces them::
     reply  (request, ok, value|error)  one per request sent
     died   (description)               the process, actor or node is gone
 
+``failed`` and ``died`` each end a channel: nothing follows either. A worker that failed
+exits next, and that exit is not news (the scheduler would count it as a second failure,
+and start again a worker it had just given up on).
+
 This module has the local transport (``spawn``/``forkserver``/``fork`` processes, or
 forks of the warm zygote); ``_ray`` has the Ray one. Both speak the worker protocol of
 ``_worker``, so the scheduler is the same for both.
@@ -168,9 +172,19 @@ class _LocalChannel:
                 self._post(Event(self, "ready", message[2]))
             elif tag == "failed":
                 self._post(Event(self, "failed", remote_error(message[2], self.slot)))
+                self._reap()
+                return
             else:
                 request, status, body = message
                 self._post(Event(self, "reply", (request, *unpack_reply(status, body, self.slot))))
+
+    def _reap(self) -> None:
+        """A worker that sent ``failed`` is exiting: wait for it, briefly (a thread of the
+        model's that is not a daemon would hold its exit), then kill it."""
+        self.process.join(5)
+        if self.process.is_alive():
+            self.kill()
+            self.process.join(5)
 
     def send(self, request: int, kind: str, payload: bytes) -> None:
         with self._send_lock, contextlib.suppress(OSError, ValueError):
