@@ -1,6 +1,6 @@
 """Workers that cannot start: the local channel's ``failed`` is its last event (the process
-exits after it, and that exit is not a second failure), so the start-up error the executor
-raises is the worker's own, and a worker that is down stays down."""
+exits after it, or is killed, and that exit is not a second failure), so the start-up error
+the executor raises is the worker's own, and a worker that is down stays down."""
 
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ def _refuse(self, *args, **kwargs):
     if _os.path.exists(flag):
         with open(flag + ".tries", "a") as handle:
             handle.write(f"{{_os.getpid()}}\\n")
+        if _os.path.exists(flag + ".hold"):  # a thread that is no daemon: the exit waits on it
+            import threading, time
+            threading.Thread(target=time.sleep, args=(3600,), daemon=False).start()
         raise MemoryError("no memory for the weights (on purpose)")
     _init(self, *args, **kwargs)
 
@@ -52,6 +55,12 @@ def refusing(tmp_path: Path) -> tuple[Path, Path]:
     return model, flag
 
 
+def spec_of(model: Path) -> Any:
+    """A real worker spec for ``model``, as the executor builds it (its flag not yet set)."""
+    with codeferry.Executor(model, workers=1, start_method="fork", trust_remote_code=True) as ex:
+        return ex._scheduler.specs[0]
+
+
 def tries(flag: Path) -> int:
     path = Path(f"{flag}.tries")
     return len(path.read_text().split()) if path.exists() else 0
@@ -64,8 +73,7 @@ def test_a_channel_says_failed_once_and_nothing_after(refusing: tuple[Path, Path
     A ``died`` after it reached the scheduler as a second start-up failure, which replaced
     the worker's own error with "died with exit code 0" when both arrived together."""
     model, flag = refusing
-    with codeferry.Executor(model, workers=1, start_method="fork", trust_remote_code=True) as ex:
-        spec = ex._scheduler.specs[0]  # a real spec for this model, built by the executor
+    spec = spec_of(model)
     flag.touch()
     events: queue.SimpleQueue[Any] = queue.SimpleQueue()
     transport = LocalTransport("fork", warm=warm)
@@ -82,6 +90,29 @@ def test_a_channel_says_failed_once_and_nothing_after(refusing: tuple[Path, Path
         with pytest.raises(queue.Empty):
             extra = events.get(timeout=2)
             pytest.fail(f"an event after failed: {extra.kind} {extra.body}")
+    finally:
+        channel.stop(5.0)
+        transport.close()
+
+
+def test_a_worker_that_failed_and_does_not_exit_is_killed(refusing: tuple[Path, Path]) -> None:
+    """Its model left a thread that is not a daemon: the worker sent ``failed`` and then
+    waits on that thread for ever. The channel kills it 5 s after ``failed``."""
+    model, flag = refusing
+    spec = spec_of(model)
+    flag.touch()
+    Path(f"{flag}.hold").touch()
+    events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    transport = LocalTransport("fork")
+    channel = transport.start(0, spec, events.put)
+    try:
+        assert events.get(timeout=60).kind == "failed"
+        pid = int(Path(f"{flag}.tries").read_text().split()[0])
+        deadline = time.monotonic() + 30
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pid), "the worker that failed is still running"
+        assert channel.process.exitcode == -signal.SIGKILL
     finally:
         channel.stop(5.0)
         transport.close()

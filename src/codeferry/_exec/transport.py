@@ -17,8 +17,8 @@ exits next, and that exit is not news (the scheduler would count it as a second 
 and start again a worker it had just given up on).
 
 This module has the local transport (``spawn``/``forkserver``/``fork`` processes, or
-forks of the warm zygote); ``_ray`` has the Ray one. Both speak the worker protocol of
-``_worker``, so the scheduler is the same for both.
+forks of the warm zygote); ``ray_backend`` has the Ray one. Both speak the worker protocol
+of ``worker``, so the scheduler is the same for both.
 """
 
 from __future__ import annotations
@@ -172,16 +172,17 @@ class _LocalChannel:
                 self._post(Event(self, "ready", message[2]))
             elif tag == "failed":
                 self._post(Event(self, "failed", remote_error(message[2], self.slot)))
-                self._reap()
+                self._reap(5.0)
                 return
             else:
                 request, status, body = message
                 self._post(Event(self, "reply", (request, *unpack_reply(status, body, self.slot))))
 
-    def _reap(self) -> None:
-        """A worker that sent ``failed`` is exiting: wait for it, briefly (a thread of the
-        model's that is not a daemon would hold its exit), then kill it."""
-        self.process.join(5)
+    def _reap(self, timeout: float) -> None:
+        """Wait ``timeout`` seconds for the worker to exit, then kill it: one that sent
+        ``failed`` or was told to stop is on its way out, but a thread of the model's that is
+        not a daemon would hold its exit for ever."""
+        self.process.join(timeout)
         if self.process.is_alive():
             self.kill()
             self.process.join(5)
@@ -197,9 +198,6 @@ class _LocalChannel:
     def stop(self, timeout: float) -> None:
         self._closing = True
         self.send(-1, "stop", b"")
-        self.process.join(timeout)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(5)
+        self._reap(timeout)
         with contextlib.suppress(OSError):
             self.conn.close()
