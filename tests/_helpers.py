@@ -96,3 +96,41 @@ def write_jsonl(path: Path, rows: list[Any]) -> Path:
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+#: Appended to a model's modeling file by ``refusing_model``.
+_REFUSE = """
+
+import os as _os
+
+_init = RefuseForCausalLM.__init__
+
+
+def _refuse(self, *args, **kwargs):
+    flag = {flag!r}  # in the source: a warm zygote's children have its environment, not ours
+    if _os.path.exists(flag):
+        with open(flag + ".tries", "a") as handle:
+            handle.write(f"{{_os.getpid()}}\\n")
+        if _os.path.exists(flag + ".hold"):  # a thread that is no daemon: the exit waits on it
+            import threading, time
+            threading.Thread(target=time.sleep, args=(3600,), daemon=False).start()
+        raise MemoryError("no memory for the weights (on purpose)")
+    _init(self, *args, **kwargs)
+
+
+RefuseForCausalLM.__init__ = _refuse
+"""
+
+
+def refusing_model(root: Path) -> tuple[Path, Path]:
+    """A model under ``root`` whose every start fails once the flag file (the second path)
+    exists, each try's pid appended to ``FLAG.tries``; ``FLAG.hold`` also leaves a thread
+    that is no daemon behind. The flag's path is in the source, not the environment: a warm
+    zygote's children have the zygote's environment, and a Ray actor the cluster's."""
+    from codeferry.testing import ModelSpec, write_model
+
+    model = write_model(root / "refuse", ModelSpec(name="refuse", tokenizer=True))
+    modeling = model / "modeling_refuse.py"
+    flag = root / "refuse.flag"
+    modeling.write_text(modeling.read_text() + _REFUSE.format(flag=str(flag)))
+    return model, flag

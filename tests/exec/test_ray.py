@@ -4,7 +4,9 @@ and classes of loaded models through Ray's own cloudpickle."""
 from __future__ import annotations
 
 import os
+import queue
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ ray = pytest.importorskip("ray")
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the helper modules
 sys.path.insert(0, TESTS)
 import _workers  # noqa: E402
-from _helpers import checksum, load_objects, travel_model  # noqa: E402
+from _helpers import checksum, load_objects, refusing_model, travel_model  # noqa: E402
 
 import codeferry  # noqa: E402
 
@@ -64,3 +66,32 @@ def test_ray_actors_run_the_code_of_code_revision_with_the_weights_of_revision(
         assert ex.generate(["hello"], max_new_tokens=2)
     assert not seen["config_has_defaults"]  # the first commit's code...
     assert seen["checksum"] == pytest.approx(checksum(second))  # ...the second's weights
+
+
+def test_an_actor_that_failed_to_start_is_killed_and_frees_its_cpu(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    """A worker that cannot start sends ``failed``; its channel ends the actor, as a local
+    worker exits: otherwise the actor kept its CPU for as long as anything held the channel,
+    and on this one-CPU cluster the next try could not be placed."""
+    model, flag = refusing_model(tmp_path)
+    with codeferry.Executor(model, workers=1, backend="ray", trust_remote_code=True) as ex:
+        transport, spec = ex._scheduler.transport, ex._scheduler.specs[0]
+    flag.touch()
+    events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    channel = transport.start(0, spec, events.put)
+    try:
+        first = events.get(timeout=300)
+        assert first.kind == "failed", first
+        assert "no memory for the weights" in str(first.body.__cause__ or first.body)
+        deadline = time.monotonic() + 60
+        while ray_cluster.available_resources().get("CPU", 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ray_cluster.available_resources().get("CPU", 0) == 1, "the actor kept its CPU"
+        with pytest.raises(ray_cluster.exceptions.RayActorError):
+            ray_cluster.get(channel.actor.handle.remote("ping", b""), timeout=60)
+        with pytest.raises(queue.Empty):  # nothing after failed: the kill is no second failure
+            extra = events.get(timeout=1)
+            pytest.fail(f"an event after failed: {extra.kind} {extra.body}")
+    finally:
+        channel.stop(5.0)

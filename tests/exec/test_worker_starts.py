@@ -16,43 +16,16 @@ import pytest
 # Workers forked from this process start in about a second with these imported here.
 import torch  # noqa: F401
 import transformers.modeling_utils  # noqa: F401
+from _helpers import refusing_model
 
 import codeferry
 from codeferry._exec.transport import LocalTransport
 from codeferry.errors import BrokenExecutorError, WorkerStartupError
-from codeferry.testing import ModelSpec, write_model
-
-REFUSE = """
-
-import os as _os
-
-_init = RefuseForCausalLM.__init__
-
-
-def _refuse(self, *args, **kwargs):
-    flag = {flag!r}  # in the source: a warm zygote's children have its environment, not ours
-    if _os.path.exists(flag):
-        with open(flag + ".tries", "a") as handle:
-            handle.write(f"{{_os.getpid()}}\\n")
-        if _os.path.exists(flag + ".hold"):  # a thread that is no daemon: the exit waits on it
-            import threading, time
-            threading.Thread(target=time.sleep, args=(3600,), daemon=False).start()
-        raise MemoryError("no memory for the weights (on purpose)")
-    _init(self, *args, **kwargs)
-
-
-RefuseForCausalLM.__init__ = _refuse
-"""
 
 
 @pytest.fixture
 def refusing(tmp_path: Path) -> tuple[Path, Path]:
-    """A model whose every start fails once the flag file exists, counting the tries."""
-    model = write_model(tmp_path / "refuse", ModelSpec(name="refuse", tokenizer=True))
-    modeling = model / "modeling_refuse.py"
-    flag = tmp_path / "refuse.flag"
-    modeling.write_text(modeling.read_text() + REFUSE.format(flag=str(flag)))
-    return model, flag
+    return refusing_model(tmp_path)
 
 
 def spec_of(model: Path) -> Any:

@@ -339,6 +339,7 @@ class _RayChannel:
             except task_errors as exc:  # Ray itself failed the call: not a dead actor
                 if request < 0:
                     self._post(Event(self, "failed", _cluster_error(exc, "the actor's start")))
+                    self.kill()
                     return
                 self._post(Event(self, "reply", (request, False,
                                                  _cluster_error(exc, "an actor call"))))
@@ -356,6 +357,7 @@ class _RayChannel:
                 else:
                     self._node = reply[3]["node_ip"]
                     self._post(Event(self, "failed", remote_error(reply[2], self.slot)))
+                    self.kill()  # as a local worker exits: its CPUs free for the next try
                     return
             else:
                 status, body = reply

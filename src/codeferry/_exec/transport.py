@@ -13,8 +13,9 @@ Events, in the order a worker produces them::
     died   (description)               the process, actor or node is gone
 
 ``failed`` and ``died`` each end a channel: nothing follows either. A worker that failed
-exits next, and that exit is not news (the scheduler would count it as a second failure,
-and start again a worker it had just given up on).
+is ended by its channel (a local process reaped, or killed if it lingers; a Ray actor killed,
+so that its CPUs are free for the next try), and that end is not news (the scheduler would
+count it as a second failure, and start again a worker it had just given up on).
 
 This module has the local transport (``spawn``/``forkserver``/``fork`` processes, or
 forks of the warm zygote); ``ray_backend`` has the Ray one. Both speak the worker protocol
