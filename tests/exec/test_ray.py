@@ -95,3 +95,34 @@ def test_an_actor_that_failed_to_start_is_killed_and_frees_its_cpu(
             pytest.fail(f"an event after failed: {extra.kind} {extra.body}")
     finally:
         channel.stop(5.0)
+
+
+
+def test_a_failed_actor_is_killed_before_its_failed_is_posted(
+    ray_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The post can end the executor, whose close shuts down a Ray it started; Ray exits the
+    whole process, with no exception, when a thread is inside a call as it shuts down. The
+    kill came after the post, and under CI's load a driver died so (exit 1, "The core worker
+    has already been shutdown"), its error unprinted. Ray's ``kill`` is wrapped to see the
+    order; a Ray call after the post, in any order of threads, is the bug."""
+    model, flag = refusing_model(tmp_path)
+    with codeferry.Executor(model, workers=1, backend="ray", trust_remote_code=True) as ex:
+        transport, spec = ex._scheduler.transport, ex._scheduler.specs[0]
+    flag.touch()
+    order: list[str] = []
+    kill = ray_cluster.kill
+    monkeypatch.setattr(ray_cluster, "kill", lambda *a, **k: (order.append("kill"), kill(*a, **k)))
+    events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def post(event: Any) -> None:
+        order.append(event.kind)
+        events.put(event)
+
+    channel = transport.start(0, spec, post)
+    try:
+        assert events.get(timeout=300).kind == "failed"
+        time.sleep(1)  # a kill after the post would be in the list by now
+        assert order == ["kill", "failed"]
+    finally:
+        channel.stop(5.0)

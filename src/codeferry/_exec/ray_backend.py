@@ -314,6 +314,7 @@ class _RayChannel:
         self._node = "?"
         self._post = post
         self._closing = False
+        self._lock = threading.Lock()  # the reader's _end against stop
         self._refs: queue.SimpleQueue[tuple[int, Any] | None] = queue.SimpleQueue()
         self._refs.put((-1, start_ref))
         threading.Thread(target=self._read, name=f"codeferry-ray-{slot}", daemon=True).start()
@@ -338,8 +339,8 @@ class _RayChannel:
                 reply = ray.get(ref)
             except task_errors as exc:  # Ray itself failed the call: not a dead actor
                 if request < 0:
+                    self._end()
                     self._post(Event(self, "failed", _cluster_error(exc, "the actor's start")))
-                    self.kill()
                     return
                 self._post(Event(self, "reply", (request, False,
                                                  _cluster_error(exc, "an actor call"))))
@@ -356,8 +357,8 @@ class _RayChannel:
                     self._post(Event(self, "ready", reply[2]))
                 else:
                     self._node = reply[3]["node_ip"]
+                    self._end()
                     self._post(Event(self, "failed", remote_error(reply[2], self.slot)))
-                    self.kill()  # as a local worker exits: its CPUs free for the next try
                     return
             else:
                 status, body = reply
@@ -370,8 +371,18 @@ class _RayChannel:
         with contextlib.suppress(Exception):
             ray_module().kill(self.actor, no_restart=True)
 
+    def _end(self) -> None:
+        """Kill the actor that failed to start, as a local worker exits: its CPUs free for
+        the next try. Called before ``failed`` is posted, and not once ``stop`` has run: the
+        post may end the executor, whose close shuts down a Ray it started, and Ray exits
+        the whole process (no exception) when a thread calls it after its shutdown."""
+        with self._lock:
+            if not self._closing:
+                self.kill()
+
     def stop(self, timeout: float) -> None:
-        self._closing = True
+        with self._lock:
+            self._closing = True
         self._refs.put(None)
         self.kill()
 
