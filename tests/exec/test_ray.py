@@ -68,44 +68,18 @@ def test_ray_actors_run_the_code_of_code_revision_with_the_weights_of_revision(
     assert seen["checksum"] == pytest.approx(checksum(second))  # ...the second's weights
 
 
-def test_an_actor_that_failed_to_start_is_killed_and_frees_its_cpu(
-    ray_cluster: Any, tmp_path: Path
+def test_an_actor_that_failed_to_start_is_killed_before_its_failed_and_frees_its_cpu(
+    ray_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A worker that cannot start sends ``failed``; its channel ends the actor, as a local
     worker exits: otherwise the actor kept its CPU for as long as anything held the channel,
-    and on this one-CPU cluster the next try could not be placed."""
-    model, flag = refusing_model(tmp_path)
-    with codeferry.Executor(model, workers=1, backend="ray", trust_remote_code=True) as ex:
-        transport, spec = ex._scheduler.transport, ex._scheduler.specs[0]
-    flag.touch()
-    events: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    channel = transport.start(0, spec, events.put)
-    try:
-        first = events.get(timeout=300)
-        assert first.kind == "failed", first
-        assert "no memory for the weights" in str(first.body.__cause__ or first.body)
-        deadline = time.monotonic() + 60
-        while ray_cluster.available_resources().get("CPU", 0) < 1 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert ray_cluster.available_resources().get("CPU", 0) == 1, "the actor kept its CPU"
-        with pytest.raises(ray_cluster.exceptions.RayActorError):
-            ray_cluster.get(channel.actor.handle.remote("ping", b""), timeout=60)
-        with pytest.raises(queue.Empty):  # nothing after failed: the kill is no second failure
-            extra = events.get(timeout=1)
-            pytest.fail(f"an event after failed: {extra.kind} {extra.body}")
-    finally:
-        channel.stop(5.0)
+    and on this one-CPU cluster the next try could not be placed.
 
-
-
-def test_a_failed_actor_is_killed_before_its_failed_is_posted(
-    ray_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The post can end the executor, whose close shuts down a Ray it started; Ray exits the
-    whole process, with no exception, when a thread is inside a call as it shuts down. The
-    kill came after the post, and under CI's load a driver died so (exit 1, "The core worker
-    has already been shutdown"), its error unprinted. Ray's ``kill`` is wrapped to see the
-    order; a Ray call after the post, in any order of threads, is the bug."""
+    The kill comes before the post: the post can end the executor, whose close shuts down a
+    Ray it started, and Ray exits the whole process, with no exception, when a thread is
+    inside a call as it shuts down (under CI's load a driver died so: exit 1, "The core
+    worker has already been shutdown", its error unprinted). Ray's ``kill`` is wrapped to see
+    the order: a Ray call after the post, in any order of threads, is the bug."""
     model, flag = refusing_model(tmp_path)
     with codeferry.Executor(model, workers=1, backend="ray", trust_remote_code=True) as ex:
         transport, spec = ex._scheduler.transport, ex._scheduler.specs[0]
@@ -121,8 +95,18 @@ def test_a_failed_actor_is_killed_before_its_failed_is_posted(
 
     channel = transport.start(0, spec, post)
     try:
-        assert events.get(timeout=300).kind == "failed"
-        time.sleep(1)  # a kill after the post would be in the list by now
-        assert order == ["kill", "failed"]
+        first = events.get(timeout=300)
+        assert first.kind == "failed", first
+        assert "no memory for the weights" in str(first.body.__cause__ or first.body)
+        deadline = time.monotonic() + 60
+        while ray_cluster.available_resources().get("CPU", 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ray_cluster.available_resources().get("CPU", 0) == 1, "the actor kept its CPU"
+        with pytest.raises(ray_cluster.exceptions.RayActorError):
+            ray_cluster.get(channel.actor.handle.remote("ping", b""), timeout=60)
+        with pytest.raises(queue.Empty):  # nothing after failed: the kill is no second failure
+            extra = events.get(timeout=1)
+            pytest.fail(f"an event after failed: {extra.kind} {extra.body}")
+        assert order == ["kill", "failed"]  # and no Ray call after the post
     finally:
         channel.stop(5.0)
