@@ -46,7 +46,7 @@ def main(model: str, llama: str, reps: int) -> None:
     by_value = len(cloudpickle.dumps(config)) * 1000
 
     import codeferry
-    from codeferry._exec import ray_backend as _ray
+    from codeferry._exec.workers import ray_backend as _ray
 
     ways = {"spawn": {"start_method": "spawn"}, "warm": {"warm": True},
             "ray": {"backend": "ray"}}

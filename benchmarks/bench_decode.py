@@ -64,9 +64,9 @@ def main() -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import codeferry._exec.decode as here
-    from codeferry._exec.attention import enable
-    from codeferry._exec.packing import pack_linears
+    import codeferry._exec.generate.decode as here
+    from codeferry._exec.generate.attention import enable
+    from codeferry._exec.generate.packing import pack_linears
 
     with tempfile.TemporaryDirectory(prefix="codeferry-bench-decode-") as name:
         root = Path(name)

@@ -111,7 +111,7 @@ def make_model(root: Path, size: str, prompts_user: list[str], new: int,
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from codeferry._exec.decode import RowOptions, decode
+    from codeferry._exec.generate.decode import RowOptions, decode
 
     marks = ["<unk>", "<|user|>", "<|assistant|>", "<|end|>"]
     words = marks + sorted(set(be.WORDS))

@@ -33,7 +33,7 @@ def main() -> int:
     import transformers
 
     import codeferry
-    from codeferry._exec.zygote import shared_zygote
+    from codeferry._exec.workers.zygote import shared_zygote
     from codeferry.testing import demo_model_path
 
     model = demo_model_path()

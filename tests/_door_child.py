@@ -1,5 +1,5 @@
 """What a fresh process does at each door transformers opens to a repo's Python
-(``tests/load/test_doors.py`` runs each function in a new spawned, forkserver or forked
+(``tests/install/test_doors.py`` runs each function in a new spawned, forkserver or forked
 process: a lock binds a process for good). Each returns plain data: what was refused, as
 the error's type name, and what ran, as the lines the model's ``marker`` file got."""
 

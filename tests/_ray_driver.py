@@ -35,8 +35,8 @@ def nodes() -> None:
 def _reference(model: str, kind: str, texts: list[str], cache_dir: str | None = None,
                **options: Any) -> list[Any]:
     """What a worker computes, computed here, in this process, one text at a time."""
-    from codeferry._exec.hf_engine import TransformersEngine
-    from codeferry._exec.worker import WorkerSpec
+    from codeferry._exec.engines.hf_engine import TransformersEngine
+    from codeferry._exec.workers.worker import WorkerSpec
     from codeferry._trust.options import ModelOptions
 
     engine = TransformersEngine(WorkerSpec(
@@ -50,7 +50,7 @@ def _reference(model: str, kind: str, texts: list[str], cache_dir: str | None = 
 
 def _vanishing(model: str) -> str:
     """A copy of ``model`` that is deleted right after the driver shipped it."""
-    import codeferry._exec.ray_backend as cray
+    import codeferry._exec.workers.ray_backend as cray
 
     copy = Path(os.environ["CF_SCRATCH"]) / f"shipped-{os.getpid()}-{Path(model).name}"
     shutil.copytree(model, copy)
@@ -126,9 +126,9 @@ def locked(model: str, other: str) -> None:
     """An actor pinned to node2 given a lock for other code refuses to run this code."""
     import codeferry
     from codeferry._exec.plan import prepare
-    from codeferry._exec.ray_backend import RayTransport
     from codeferry._exec.scheduler import Scheduler
-    from codeferry._exec.worker import WorkerSpec
+    from codeferry._exec.workers.ray_backend import RayTransport
+    from codeferry._exec.workers.worker import WorkerSpec
     from codeferry._trust.options import ModelOptions
 
     bundle = codeferry.resolve(model)
@@ -137,7 +137,7 @@ def locked(model: str, other: str) -> None:
                       ("generate",), bundle.digest)
     # the parent's plan trusts this code; the actor's spec carries a lock for other code
     plan = prepare(model, ModelOptions(trust_remote_code=True), local_device=False)
-    transport = RayTransport(plan, resources={"num_cpus": 0, "resources": {"node2": 0.01}})
+    transport = RayTransport(plan.bundle, weights=plan.separate_weights, resources={"num_cpus": 0, "resources": {"node2": 0.01}})
     scheduler = Scheduler(transport, [spec], max_retries=0, startup_timeout=120)
     try:
         scheduler.start()

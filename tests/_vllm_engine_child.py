@@ -124,7 +124,7 @@ def doctor_half(model: str, folder: Path) -> dict[str, Any]:
 def main() -> None:
     remote, refused, target = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     from codeferry import Executor
-    from codeferry._exec.vllm_engine import choose_engine
+    from codeferry._exec.engines.vllm_engine import choose_engine
 
     report: dict[str, Any] = {"transformers": run_engine(remote, "transformers", None)}
     # vLLM is installed here: auto keeps it only for local workers that generate
@@ -138,7 +138,7 @@ def main() -> None:
     # bfloat16 where this CPU has no bfloat16 instructions: auto does not try vLLM
     import torch
 
-    from codeferry._exec.packing import native_dtypes
+    from codeferry._exec.generate.packing import native_dtypes
 
     with Executor(remote, engine="auto", dtype="bfloat16", trust_remote_code=True,
                   engine_options=FAST) as ex:

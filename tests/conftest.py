@@ -85,9 +85,9 @@ _SHARED_SCOPE = {"exec/test_ray_cluster.py": "ray", "exec/test_ray.py": "ray",
 _LONGEST_FIRST = ("exec/test_ray_cluster.py", "exec/test_ray.py", "vllm/test_vllm.py",
                   "vllm/test_vllm_run_batch.py", "vllm/test_vllm_engine.py",
                   "contexts/test_pools.py",
-                  "contexts/test_datasets.py", "load/test_exec.py", "contexts/test_dask.py",
+                  "contexts/test_datasets.py", "install/test_exec.py", "contexts/test_dask.py",
                   "contexts/test_dataloader.py", "contexts/test_torchrun.py",
-                  "commands/test_doctor.py", "load/test_doors.py", "exec/test_worker_stdout.py",
+                  "commands/test_doctor.py", "install/test_doors.py", "exec/workers/test_worker_stdout.py",
                   "contexts/test_accelerate.py",
                   "runtime/test_travel.py", "code/test_hub_cache.py", "exec/test_executor.py")
 

@@ -256,7 +256,7 @@ def worker_facts(worker: Any) -> dict[str, Any]:
 def test_warm_start_forks_from_a_zygote_and_still_loads_the_code_itself(
     tmp_path: Path, plan: Path
 ) -> None:
-    from codeferry._exec.zygote import shared_zygote
+    from codeferry._exec.workers.zygote import shared_zygote
 
     set_plan(plan, None, 0, 0)
     path = crash_model(tmp_path)

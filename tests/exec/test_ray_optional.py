@@ -55,7 +55,7 @@ def test_the_ray_extra_lists_every_package_the_backend_imports() -> None:
 
 def test_the_local_executor_never_imports_ray() -> None:
     code = ("import sys, codeferry, codeferry._exec.executor, codeferry._exec.scheduler, "
-            "codeferry._exec.transport; assert 'ray' not in sys.modules, 'ray imported'")
+            "codeferry._exec.workers.transport; assert 'ray' not in sys.modules, 'ray imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

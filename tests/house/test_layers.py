@@ -32,6 +32,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli", "__main__", "__init__"),  # the command line and the facade
 )
 _RANK = {name: rank for rank, layer in enumerate(LAYERS) for name in layer}
+#: The floors of ``_exec``, lowest first: generation (pure and torch), the two engines that
+#: drive it, the worker processes that serve an engine, then the executor's own modules
+#: (``""``: the modules directly in ``_exec``) that plan, batch and schedule across workers.
+EXEC_FLOORS = ("generate", "engines", "workers", "")
 #: Not layers of the library: the bundled demo model's code and the test-model factory.
 _OUTSIDE = ("demo", "testing")
 MAX_LINES = 500
@@ -107,6 +111,25 @@ def test_no_module_imports_upward_or_through_the_facade() -> None:
                 upward.append(f"{where} imports the package facade")
             elif _RANK.get(_layer(target), -1) > _RANK[_layer(name)]:
                 upward.append(f"{where} imports {target}, a higher layer")
+    assert upward == []
+
+
+def _floor(name: str) -> int:
+    """The rank of an ``_exec`` module's floor."""
+    parts = name.split(".")
+    return EXEC_FLOORS.index(parts[1] if len(parts) > 2 else "")
+
+
+def test_exec_floors_import_only_downward() -> None:
+    modules = _modules()
+    assert {_floor(n) for n in modules if _layer(n) == "_exec"} == set(range(len(EXEC_FLOORS)))
+    upward = []
+    for name, path in sorted(modules.items()):
+        if _layer(name) != "_exec":
+            continue
+        for line, target in _imports(name, path, modules):
+            if _layer(target) == "_exec" and target in modules and _floor(target) > _floor(name):
+                upward.append(f"{path.relative_to(SRC)}:{line} imports {target}, a higher floor")
     assert upward == []
 
 

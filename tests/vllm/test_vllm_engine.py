@@ -31,7 +31,7 @@ sys.path.insert(0, str(TESTS))
 import _vllm_child  # noqa: E402 - stdlib only at import
 
 import codeferry  # noqa: E402
-from codeferry._exec.vllm_engine import choose_engine, vllm_version  # noqa: E402
+from codeferry._exec.engines.vllm_engine import choose_engine, vllm_version  # noqa: E402
 from codeferry.errors import ExtraMissingError  # noqa: E402
 
 CHILD = TESTS / "_vllm_engine_child.py"

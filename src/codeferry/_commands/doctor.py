@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .._code.lockfile import Lock
-from .._exec.checks import check_main_guard
 from .._exec.files import missing_tokenizer
 from .._exec.plan import prepare
-from .._exec.transport import Event, LocalTransport, Transport
-from .._exec.worker import WorkerSpec
+from .._exec.workers.checks import check_main_guard
+from .._exec.workers.transport import Event, LocalTransport, Transport
+from .._exec.workers.worker import WorkerSpec
 from .._load import load_pinned
 from .._trust.options import ModelOptions
 from ..errors import CodeferryError, DoctorCheckError, RemoteTraceback, WorkerError
@@ -105,7 +105,7 @@ def doctor_checks(worker: Any, config_bytes: bytes) -> dict[str, Any]:
             if key == "AutoModelForCausalLM":
                 causal = model_obj
     checks["models_built"] = built
-    from .._exec.vllm_engine import auto_engine, half_without_kernels
+    from .._exec.engines.vllm_engine import auto_engine, half_without_kernels
 
     engine, why = auto_engine(list(getattr(config, "architectures", None) or []),
                               classes.get("AutoModelForCausalLM"))
@@ -166,7 +166,7 @@ def _generate_path(model: Any) -> dict[str, str]:
     """Whether the decode loop works for this architecture (its greedy probe on the random
     weights, without codeferry's CPU attention): the path an executor worker takes on an
     accelerator. (On CPU it is the one the generate check took.)"""
-    from .._exec.stream import probe
+    from .._exec.generate.stream import probe
 
     failure = probe(model.eval(), 0)
     if failure is None:
@@ -218,9 +218,9 @@ def doctor(
     config = config_class.from_pretrained(str(configs.root))
     transport: Transport
     if backend == "ray":
-        from .._exec.ray_backend import RayTransport
+        from .._exec.workers.ray_backend import RayTransport
 
-        transport = RayTransport(plan, address=address)
+        transport = RayTransport(plan.bundle, weights=plan.separate_weights, address=address)
     else:
         transport = LocalTransport(start_method)
     spec = WorkerSpec(str(configs.root), decided, "cpu", None, 1, (), bundle.digest, serve=False,

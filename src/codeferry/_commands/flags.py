@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .._exec.params import SamplingParams
+from .._exec.generate.params import SamplingParams
 
 __all__ = ["add_sampling_flags", "sampling_params"]
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .._exec.params import Request, SamplingParams
+from .._exec.generate.params import Request, SamplingParams
 from ..errors import InputFormatError, InputNotFoundError, SamplingParamsError
 
 __all__ = ["TASKS", "Id", "InputItem", "OpenAI", "Task", "read_inputs"]

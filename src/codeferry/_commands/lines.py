@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from .._code.digest import text_digest
-from .._exec.params import Completion, GenerateResult
+from .._exec.generate.params import Completion, GenerateResult
 from ..errors import BatchFailedError
 from .inputs import InputItem, Task
 

@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any, Literal, TextIO
 
 from .._code.lockfile import Lock
+from .._exec.engines.vllm_engine import choose_engine
 from .._exec.executor import Executor, Outcome
 from .._exec.files import may_have_chat_template
+from .._exec.generate.params import Request, SamplingParams
 from .._exec.layout import cpus, devices, layout
-from .._exec.params import Request, SamplingParams
 from .._exec.plan import prepare
-from .._exec.vllm_engine import choose_engine
 from .._trust.options import ModelOptions
 from ..errors import (
     ChatTemplateMissingError,

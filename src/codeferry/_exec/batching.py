@@ -27,7 +27,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .params import SamplingParams, group_key, resolve
+from .generate.params import SamplingParams, group_key, resolve
 
 __all__ = ["estimate_tokens", "plan_batches", "padding_waste", "fixed_batches", "batch_limits",
            "grouped_batches"]

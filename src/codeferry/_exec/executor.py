@@ -32,14 +32,14 @@ from .._runtime.loader import units_of
 from .._trust.decide import record
 from .._trust.options import ModelOptions
 from .batching import batch_limits, estimate_tokens, fixed_batches, grouped_batches, plan_batches
-from .checks import check_main_guard
+from .engines.vllm_engine import choose_engine
+from .generate.params import GenerateResult, Request, SamplingParams
 from .layout import cpus, device_for, devices, layout
-from .params import GenerateResult, Request, SamplingParams
 from .plan import Plan, prepare
 from .scheduler import STREAM_DEPTH, Batch, Call, Outcome, Scheduler
-from .transport import LocalTransport, Transport
-from .vllm_engine import choose_engine
-from .worker import WorkerSpec
+from .workers.checks import check_main_guard
+from .workers.transport import LocalTransport, Transport
+from .workers.worker import WorkerSpec
 
 __all__ = ["Executor", "Outcome"]
 
@@ -196,9 +196,10 @@ class Executor:
         ]
         transport: Transport
         if backend == "ray":
-            from .ray_backend import RayTransport
+            from .workers.ray_backend import RayTransport
 
-            transport = RayTransport(plan, address=address, resources=ray_resources)
+            transport = RayTransport(plan.bundle, weights=plan.separate_weights,
+                                     address=address, resources=ray_resources)
         elif backend == "local":
             transport = LocalTransport(start_method, warm=warm)
         else:

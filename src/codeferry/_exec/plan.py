@@ -3,11 +3,9 @@
 Before any worker starts, the parent resolves the model's code (at the code revision),
 finds its config and weights (at the revision), checks that the classes the tasks need can
 load, makes the trust decision, checks the device, and that the folder has the weights and
-tokenizer files every worker will read (``_files``). ``run`` used to do all of that, then
-hand the model's name to ``Executor``, which did it again; ``doctor`` did it a third way.
-Two copies of a decision can disagree (a file changed in between, a trust rule applied in
-one place only), so now ``prepare`` makes the one ``Plan`` and ``run``, ``doctor``,
-``Executor`` and the Ray backend take it. A worker checks the plan (it verifies that the code
+tokenizer files every worker will read (``files``). Two copies of a decision can disagree
+(a file changed in between, a trust rule applied in one place only), so ``prepare`` makes
+the one ``Plan`` and ``run``, ``doctor``, ``Executor`` and the Ray backend take it. A worker checks the plan (it verifies that the code
 it loads has the plan's digest); it never remakes it.
 """
 
@@ -22,8 +20,8 @@ from .._code.resolve import Bundle
 from .._code.source import ModelOrigin
 from .._trust.decide import Decision, code_changed
 from .._trust.options import ModelOptions
-from .checks import check_device, dtype_name
 from .files import check_model_files
+from .workers.checks import check_device, dtype_name
 
 __all__ = ["Plan", "needed_classes", "prepare"]
 
@@ -59,6 +57,11 @@ class Plan:
     def code_folder(self) -> str | None:
         """The code's own folder when it is not the weights' revision (``code_revision``)."""
         return None if self.options.own_code else str(self.bundle.origin.root)
+
+    @property
+    def separate_weights(self) -> ModelOrigin | None:
+        """The weights' folder when it is another revision's than the code's, else ``None``."""
+        return None if self.options.own_code else self.weights
 
     def for_workers(self) -> ModelOptions:
         """What travels to workers: the decision in place of its inputs, and no token."""

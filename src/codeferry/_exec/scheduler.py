@@ -44,8 +44,8 @@ from ..errors import (
     WorkerError,
     WorkerStartupError,
 )
-from .transport import Channel, Event, Transport
-from .worker import WorkerSpec
+from .workers.transport import Channel, Event, Transport
+from .workers.worker import WorkerSpec
 
 __all__ = ["STREAM_DEPTH", "Batch", "Call", "Outcome", "Scheduler"]
 

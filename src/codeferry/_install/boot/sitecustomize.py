@@ -34,7 +34,7 @@ _ROUTE = "transformers.dynamic_module_utils"
 #: The modules handed to codeferry once each has executed: ``_ROUTE`` first (it executes
 #: before any of the others can), then those whose own attributes the Hub kernel gates and
 #: the ``generate()`` hook patch (``codeferry._install.switch.WATCHED``; kept equal by
-#: ``tests/load/test_exec.py``, since importing codeferry here would cost every process).
+#: ``tests/install/test_exec.py``, since importing codeferry here would cost every process).
 _WATCHED = frozenset({
     _ROUTE, "transformers.models.auto.auto_factory", "transformers.generation.utils",
     "transformers.modeling_utils", "transformers.models.auto.modeling_auto",

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from codeferry import SamplingParams
-from codeferry._exec.params import cut_at_stop, group_key, resolve
+from codeferry._exec.generate.params import cut_at_stop, group_key, resolve
 from codeferry.errors import SamplingParamsError
 
 

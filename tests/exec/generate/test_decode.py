@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import codeferry
-from codeferry._exec.decode import (
+from codeferry._exec.generate.decode import (
     Engine,
     RowOptions,
     blocks,
@@ -27,7 +27,7 @@ from codeferry._exec.decode import (
     rows_for,
     supports,
 )
-from codeferry._exec.stream import _follows, probe
+from codeferry._exec.generate.stream import _follows, probe
 
 EOS = 108  # a token this model's greedy outputs reach, at different positions
 
@@ -217,7 +217,7 @@ def test_cache_moves_keep_the_rows_and_zero_only_the_padding() -> None:
     and columns past the length are never read."""
     import torch
 
-    from codeferry._exec.decode import _layer_class
+    from codeferry._exec.generate.decode import _layer_class
 
     layer_class = _layer_class()
     for _ in range(20):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from .. import _settings
+from ... import _settings
 from .spec import WorkerSpec
 
 __all__ = ["TransformersEngine"]
@@ -21,7 +21,7 @@ class TransformersEngine:
         import torch
         from transformers.utils import logging as hf_logging
 
-        from .._load import load_pinned, load_with
+        from ..._load import load_pinned, load_with
 
         hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # load reports of heads a task does not use
         torch.set_num_threads(max(1, spec.threads))
@@ -91,12 +91,12 @@ class TransformersEngine:
         key = "AutoModel" if kind == "embed" else "AutoModelForCausalLM"
         self.models[key] = model.to(self.spec.device).eval()
         if self.spec.device.split(":")[0] == "cpu" and _settings.cpu_pack_enabled():
-            from .packing import pack_linears
+            from ..generate.packing import pack_linears
 
             self.packed[key] = pack_linears(self.models[key], sharing=self.spec.sharing)
         if kind == "generate":
-            from .generation import choose_path
-            from .stream import choose
+            from ..generate.generation import choose_path
+            from ..generate.stream import choose
 
             # engine (issue 20): the decode loop first, where it is taken (stream.choose).
             requested = self.spec.generate_path
@@ -148,20 +148,24 @@ class TransformersEngine:
         """A ``stream.Stream`` when this worker generates with the decode loop, else ``None``."""
         if self.generate_path is None or self.generate_path[0] != "decode":
             return None
-        from .stream import Stream
+        from ..generate.stream import Stream
 
         return Stream(self.model_for("generate"), self.tokenizer)
 
     def generate(self, texts: list[str], options: dict[str, Any]) -> list[str]:
         import torch
 
-        from .generation import continuous_supports, generate_continuous, lighter_min_new_tokens
+        from ..generate.generation import (
+            continuous_supports,
+            generate_continuous,
+            lighter_min_new_tokens,
+        )
 
         model = self.model_for("generate")
         options = self.generate_options(model, options)
         assert self.generate_path is not None  # set when the model was built
         if self.generate_path[0] == "decode":  # engine (issue 20): decode.py's loop
-            from .stream import generate as decode_generate
+            from ..generate.stream import generate as decode_generate
 
             texts_out = decode_generate(model, self.tokenizer, texts, options)
             if texts_out is not None:
@@ -181,7 +185,7 @@ class TransformersEngine:
     def complete(self, requests: list[Any], defaults: Any, chat_template: str | None,
                  planned: Any = None) -> list[Any]:
         """``Request`` values -> ``GenerateResult`` values: see ``complete``."""
-        from .complete import complete
+        from ..generate.complete import complete
 
         return complete(self, requests, defaults, chat_template, planned)
 

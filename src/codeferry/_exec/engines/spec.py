@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .._trust.options import ModelOptions
+    from ..._trust.options import ModelOptions
 
 __all__ = ["WorkerSpec"]
 

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ChatTemplateMissingError
+from ...errors import ChatTemplateMissingError
 from .params import (
     Completion,
     GenerateResult,

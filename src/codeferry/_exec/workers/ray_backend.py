@@ -37,12 +37,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .. import _settings
-from .._code.digest import file_sha256, manifest_token, path_sha256
-from .._code.source import WEIGHT_SUFFIXES, ModelOrigin, list_files
-from .._runtime.store import store_root
-from ..errors import ClusterError, ClusterUnreachableError, ExtraMissingError, WeightsTooLargeError
-from .plan import Plan
+from ... import _settings
+from ..._code.digest import file_sha256, manifest_token, path_sha256
+from ..._code.source import WEIGHT_SUFFIXES, ModelOrigin, list_files
+from ..._runtime.store import store_root
+from ...errors import ClusterError, ClusterUnreachableError, ExtraMissingError, WeightsTooLargeError
 from .transport import Event, Post
 from .worker import WorkerSpec, error_payload, remote_error, unpack_reply
 
@@ -399,13 +398,13 @@ class RayTransport:
         objects of remote-code classes with their code embedded (another machine)."""
         import cloudpickle
 
-        from .._runtime.pickling import install_cloudpickle_support
+        from ..._runtime.pickling import install_cloudpickle_support
 
         install_cloudpickle_support()
         return bytes(cloudpickle.dumps(payload))
 
-    def __init__(self, plan: Plan, *, address: str | None = None,
-                 resources: dict[str, Any] | None = None) -> None:
+    def __init__(self, code: Any, *, weights: ModelOrigin | None = None,
+                 address: str | None = None, resources: dict[str, Any] | None = None) -> None:
         ray = ray_module()
         try:
             import cloudpickle  # noqa: F401 - ``pack`` needs it: said now, not mid-run
@@ -421,8 +420,9 @@ class RayTransport:
         self._actor = ray.remote(RayWorker).options(
             max_restarts=0, max_task_retries=0, max_concurrency=1,
             scheduling_strategy="SPREAD", **options)
-        # The plan's code, and the weights' own folder when they are another revision's.
-        self.ferry = build_ferry(plan.bundle, None if plan.options.own_code else plan.weights)
+        # ``code``: the model's resolved ``Bundle``; ``weights``: the weights' own folder when
+        # they are another revision's (``Plan.separate_weights``).
+        self.ferry = build_ferry(code, weights)
 
     def start(self, slot: int, spec: WorkerSpec, post: Post) -> _RayChannel:
         actor = self._actor.remote()

@@ -38,9 +38,9 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .. import _settings
-from .hf_engine import TransformersEngine
-from .spec import WorkerSpec
+from ... import _settings
+from ..engines.hf_engine import TransformersEngine
+from ..engines.spec import WorkerSpec
 from .stdout import finish_stdout, route_stdout
 
 __all__ = ["WorkerSpec", "build_engine", "error_payload", "handle", "pack", "remote_error", "unpack_reply",
@@ -109,7 +109,7 @@ def remote_error(payload: ErrorPayload, worker: int) -> BaseException:
     ``Exception`` is never handed back as is: raised in the parent it would exit the
     parent, or look like its own Ctrl-C. It becomes a ``WorkerError`` naming it.
     """
-    from ..errors import RemoteTraceback, WorkerError
+    from ...errors import RemoteTraceback, WorkerError
 
     blob, tb, text = payload
     exc: BaseException | None = None
@@ -129,7 +129,7 @@ def remote_error(payload: ErrorPayload, worker: int) -> BaseException:
 
 
 def _unpack(blob: Any) -> Any:
-    from ..errors import RequestUnpicklingError
+    from ...errors import RequestUnpicklingError
 
     if not isinstance(blob, bytes):
         raise RequestUnpicklingError(f"a request's payload is {type(blob).__name__}, not bytes.",
@@ -172,8 +172,8 @@ def build_engine(spec: WorkerSpec) -> Any:
     the worker's stderr)."""
     if spec.engine == "transformers" or not spec.serve:
         return TransformersEngine(spec)
-    from ..errors import EngineRefusedError, ExtraMissingError
-    from .vllm_engine import VllmEngine, half_without_kernels
+    from ...errors import EngineRefusedError, ExtraMissingError
+    from ..engines.vllm_engine import VllmEngine, half_without_kernels
 
     if spec.engine == "vllm":
         return VllmEngine(spec)
@@ -277,7 +277,7 @@ def unpack_reply(status: str, body: Any, worker: int) -> tuple[bool, Any]:
     try:
         return True, pickle.loads(body)
     except Exception as exc:  # noqa: BLE001 - typed errors (a refused ticket) pass as they are
-        from ..errors import CodeferryError, WorkerError
+        from ...errors import CodeferryError, WorkerError
 
         if isinstance(exc, CodeferryError):
             return False, exc

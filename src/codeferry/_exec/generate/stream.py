@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import _settings
+from ... import _settings
 from .attention import disable, enable
 from .complete import Planned, loop_rows, plan
 from .decode import Engine, RowOptions, decode, ids, row_options, supports

@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from codeferry._exec.decode import RowOptions, decode
-from codeferry._exec.packing import pack_linears
+from codeferry._exec.generate.decode import RowOptions, decode
+from codeferry._exec.generate.packing import pack_linears
 
 torch = pytest.importorskip("torch")
 
 from test_decode import EOS, generated, llama_folder, tiny_llama  # noqa: E402  (after importorskip)
 
-from codeferry._exec import packing  # noqa: E402
+from codeferry._exec.generate import packing  # noqa: E402
 
 #: Every dtype is packed: half precision natively where the CPU has instructions for it,
 #: else upcast (a float32 copy); ``test_half_precision_upcast...`` forces the upcast.

@@ -25,7 +25,7 @@ model's ``forward`` itself:
 Each row has its own options (``RowOptions``): new-token limits, end-of-sequence ids,
 greedy or sampled (temperature, top-k, top-p, seed). Greedy rows give ``generate``'s tokens
 (positions from the attention mask as ``generate`` computes them, float32 argmax);
-``tests/exec/test_decode.py`` checks it token for token. A model whose cache is not plain
+``tests/exec/generate/test_decode.py`` checks it token for token. A model whose cache is not plain
 full attention (sliding windows, states), or whose ``forward`` lacks what the loop passes,
 is not run here: ``supports`` says so, and the worker's probe (``stream.probe``) compares
 the loop with ``generate`` on the model itself before taking it.

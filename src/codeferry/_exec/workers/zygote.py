@@ -47,7 +47,7 @@ PRELOAD = (
     "transformers.models.auto.tokenization_auto",
     "transformers.tokenization_python",
     "transformers.modeling_outputs",
-    "codeferry._exec.worker",
+    "codeferry._exec.workers.worker",
     "codeferry._load",
 )
 
@@ -60,7 +60,7 @@ def _warm(preload: Sequence[str]) -> None:
     with contextlib.suppress(Exception):
         from transformers.conversion_mapping import get_checkpoint_conversion_mapping
 
-        from .._code.requirements import _module_names
+        from ..._code.requirements import _module_names
 
         get_checkpoint_conversion_mapping("llama")  # type: ignore[no-untyped-call]
         _module_names("transformers")

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 import codeferry
-from codeferry._exec import attention
-from codeferry._exec.cuts import CALL_COLUMNS, prefill_runs, spans
-from codeferry._exec.decode import Engine, RowOptions, decode, rows_for
-from codeferry._exec.stream import choose
+from codeferry._exec.generate import attention
+from codeferry._exec.generate.cuts import CALL_COLUMNS, prefill_runs, spans
+from codeferry._exec.generate.decode import Engine, RowOptions, decode, rows_for
+from codeferry._exec.generate.stream import choose
 
 torch = pytest.importorskip("torch")
 

@@ -19,7 +19,7 @@ import transformers.modeling_utils  # noqa: F401
 from _helpers import refusing_model
 
 import codeferry
-from codeferry._exec.transport import LocalTransport
+from codeferry._exec.workers.transport import LocalTransport
 from codeferry.errors import BrokenExecutorError, WorkerStartupError
 
 

@@ -33,8 +33,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .. import _settings
-from ..errors import SamplingParamsError
+from ... import _settings
+from ...errors import SamplingParamsError
 
 __all__ = ["Completion", "GenerateResult", "Request", "Resolved", "SamplingParams",
            "cut_at_stop", "group_key", "resolve"]

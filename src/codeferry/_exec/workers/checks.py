@@ -21,8 +21,8 @@ import multiprocessing as mp
 import sys
 from types import FrameType
 
-from .. import _settings
-from ..errors import DeviceError, DTypeError, MainGuardError
+from ... import _settings
+from ...errors import DeviceError, DTypeError, MainGuardError
 
 __all__ = ["check_device", "check_main_guard", "dtype_name"]
 

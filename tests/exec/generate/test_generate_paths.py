@@ -156,7 +156,7 @@ def test_lighter_min_new_tokens_gives_transformers_tokens(llama: Path, sample: b
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from codeferry._exec.generation import lighter_min_new_tokens
+    from codeferry._exec.generate.generation import lighter_min_new_tokens
 
     model = AutoModelForCausalLM.from_pretrained(llama).eval()
     tok = AutoTokenizer.from_pretrained(llama, padding_side="left")
@@ -187,7 +187,7 @@ def test_lighter_min_new_tokens_gives_transformers_tokens(llama: Path, sample: b
 def test_lighter_min_new_tokens_leaves_what_it_cannot_match(llama: Path) -> None:
     from transformers import GenerationConfig
 
-    from codeferry._exec.generation import lighter_min_new_tokens
+    from codeferry._exec.generate.generation import lighter_min_new_tokens
 
     config = GenerationConfig(eos_token_id=2)
     for options in ({"max_new_tokens": 4}, {"min_new_tokens": 0},
@@ -205,8 +205,8 @@ def test_auto_on_an_accelerator_takes_the_decode_loop_and_never_continuous_batch
     ``generate`` (saying why) where it does not, and continuous batching only when asked."""
     from transformers import AutoModelForCausalLM, MistralConfig, MistralForCausalLM
 
-    from codeferry._exec.generation import choose_path
-    from codeferry._exec.stream import choose
+    from codeferry._exec.generate.generation import choose_path
+    from codeferry._exec.generate.stream import choose
 
     model = AutoModelForCausalLM.from_pretrained(llama).eval()
     path, why = choose(model, "auto", "cuda", 2) or ("", "")

@@ -32,10 +32,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import _settings
-from ..errors import EngineRefusedError, ExtraMissingError, SamplingParamsError
-from .complete import Planned, plan
-from .params import Request, Resolved, SamplingParams
+from ... import _settings
+from ...errors import EngineRefusedError, ExtraMissingError, SamplingParamsError
+from ..generate.complete import Planned, plan
+from ..generate.params import Request, Resolved, SamplingParams
 
 __all__ = ["VllmEngine", "VllmStream", "auto_engine", "choose_engine", "half_without_kernels",
            "sampling", "vllm_version"]
@@ -101,7 +101,7 @@ def half_without_kernels(dtype: str | None, device: str, folder: str | None = No
         return None
     import torch
 
-    from .packing import native_dtypes
+    from ..generate.packing import native_dtypes
 
     if getattr(torch, name) in native_dtypes():
         return None
@@ -229,8 +229,8 @@ class VllmEngine:
     def __init__(self, spec: Any) -> None:
         from transformers import AutoTokenizer, GenerationConfig
 
-        from .._code.lockfile import Lock
-        from .._load import load_pinned, load_with
+        from ..._code.lockfile import Lock
+        from ..._load import load_pinned, load_with
 
         self.spec = spec
         version = vllm_version()
