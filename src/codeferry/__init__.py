@@ -11,7 +11,7 @@ from ._code.lockfile import Lock, read_lock
 from ._code.resolve import Bundle, resolve
 from ._commands.run import RunResult, run
 from ._exec.executor import Executor, Outcome
-from ._exec.generate.params import Completion, GenerateResult, SamplingParams
+from ._exec.generate.params import Completion, GenerateResult, Request, SamplingParams
 from ._install.adopt import install, uninstall
 from ._load import LoadResult, load
 from ._version import package_version
@@ -27,6 +27,7 @@ __all__ = [
     "LoadResult",
     "Lock",
     "Outcome",
+    "Request",
     "RunResult",
     "SamplingParams",
     "errors",

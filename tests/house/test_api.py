@@ -16,7 +16,7 @@ from codeferry import errors
 def test_public_api_is_pinned() -> None:
     assert sorted(codeferry.__all__) == sorted([
         "Bundle", "Completion", "Executor", "GenerateResult", "LoadResult", "Lock", "Outcome",
-        "RunResult", "SamplingParams", "errors", "install", "load", "read_lock", "resolve",
+        "Request", "RunResult", "SamplingParams", "errors", "install", "load", "read_lock", "resolve",
         "run", "uninstall", "__version__",
     ])
     for name in codeferry.__all__:

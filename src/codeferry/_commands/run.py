@@ -319,7 +319,7 @@ def _outcomes(executor: Executor, task: Task, items: list[InputItem], size: int 
     texts = [i.text for i in items]
     if task == "generate":
         requests = [i.request or Request(prompt=i.text) for i in items]
-        return executor._complete_iter(requests, defaults, batch_size=size,
+        return executor.complete_iter(requests, defaults, batch_size=size,
                                        chat_template=template)
     if task == "embed":
         return executor.embed_iter(texts, pooling=pooling or "mean", batch_size=size)

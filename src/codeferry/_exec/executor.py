@@ -330,7 +330,7 @@ class Executor:
         if params is None:
             return self._iterate("generate", prompts, {"options": options}, batch_size)
         _no_options(options)
-        return self._complete_iter([Request(prompt=p) for p in prompts], params,
+        return self.complete_iter([Request(prompt=p) for p in prompts], params,
                                    batch_size=batch_size)
 
     @overload
@@ -379,7 +379,7 @@ class Executor:
         return [Request(r.prompt, r.messages, p, r.add_generation_prompt, r.template_kwargs)
                 for r, p in zip(requests, params, strict=True)]
 
-    def _complete_iter(self, requests: Sequence[Request], params: Params, *,
+    def complete_iter(self, requests: Sequence[Request], params: Params, *,
                        batch_size: int | None = None,
                        chat_template: str | None = None) -> Iterator[Outcome]:
         """``GenerateResult`` outcomes of ``Request`` values; a single ``params`` is the
