@@ -21,6 +21,8 @@ Run from anywhere, with the dev environment's Python (it needs nothing beyond
    Expected lines must appear in the actual output (stdout and stderr together), in order;
    ``...`` inside a line matches anything, and a line that is only ``...`` skips. Blank
    expected lines are ignored.
+4. ``docs/cli.md`` is what ``docs/cli_reference.py`` makes from the command-line parser
+   (regenerate: ``python docs/cli_reference.py --write``).
 
 Everything runs with ``HF_HUB_OFFLINE=1`` and a temporary ``CODEFERRY_HOME``, ``HF_HOME`` and
 ``XDG_CACHE_HOME``, so nothing touches the user's caches or the network. The last line is a
@@ -288,6 +290,18 @@ def run_block(block: Block, expected: list[str] | None, env: dict[str, str],
     return None
 
 
+# -- 4. generated pages ---------------------------------------------------------------------
+
+
+def check_generated(env: dict[str, str]) -> list[str]:
+    """The command-line reference matches the parser (its script's check mode)."""
+    proc = subprocess.run([sys.executable, str(DOCS / "cli_reference.py")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S, check=False)
+    if proc.returncode != 0:
+        return [(proc.stdout + proc.stderr).strip() or f"cli_reference.py: exit {proc.returncode}"]
+    return []
+
+
 # -- main ------------------------------------------------------------------------------------
 
 
@@ -329,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
         checked, errors = check_links()
         failures += errors
         summary.append(f"{checked - len(errors)}/{checked} links ok")
+        errors = check_generated(env)
+        failures += errors
+        summary.append("cli.md " + ("STALE" if errors else "ok"))
         if not args.no_run:
             blocks = runnable_blocks()
             failed = 0
