@@ -78,8 +78,22 @@ __all__ = [
     "ResumeUncheckedError",
     "OutputHeldError",
     "ClusterUnreachableError",
+    "ModelFilesMissingError",
+    "DoctorCheckError",
+    "CommandNotRunError",
+    "UnlockedCodeError",
+    "PluginDisabledUnderLockError",
+    "HubMismatchError",
+    "HubUncheckedError",
+    "ModelSignatureError",
+    "HubKernelRefusedError",
+    "SamplingParamsError",
+    "ChatTemplateMissingError",
+    "EngineRefusedError",
 ]
 
+
+# -- errors every layer uses --------------------------------------------------------------
 
 class CodeferryError(Exception):
     """Base of every codeferry error.
@@ -153,8 +167,27 @@ def _rebuild_error(cls: type[CodeferryError], message: str) -> CodeferryError:
     return err
 
 
-# -- locating the model ---------------------------------------------------------------
+class _CodeError(CodeferryError):
+    """An error about one unit of code: ``model`` names it, ``digest`` pins it."""
 
+    def __init__(
+        self, message: str, *, digest: str | None = None, model: str | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.digest = digest
+        self.model = model
+
+
+class ExtraMissingError(CodeferryError, ImportError):
+    """A feature needs an optional dependency that is not installed; ``extra`` names the
+    ``pip install 'codeferry[...]'`` extra that brings it."""
+
+    def __init__(self, message: str, *, extra: str = "", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.extra = extra
+
+
+# -- _code: reading the model's code ------------------------------------------------------
 
 class ModelNotFoundError(CodeferryError, FileNotFoundError):
     """The model is neither a folder nor a repo id found in the hub cache (or on the Hub)."""
@@ -182,9 +215,6 @@ class ShadowingModuleError(CodeferryError, ValueError):
 
 class UnreadableFileError(CodeferryError, OSError):
     """A file the code needs cannot be read: a broken or looping symlink, a pipe, no permission."""
-
-
-# -- reading the code -----------------------------------------------------------------
 
 
 class SourceDecodeError(CodeferryError, UnicodeError):
@@ -235,261 +265,6 @@ class MissingTransformersNameError(CodeferryError, ImportError):
     """The code imports a name the installed transformers does not have."""
 
 
-class ProblemsFound(CodeferryError, ImportError):
-    """Static analysis found blocking problems; ``problems`` lists each one."""
-
-    def __init__(
-        self, message: str, *, problems: tuple[CodeferryError, ...] = (), **kwargs: Any
-    ) -> None:
-        super().__init__(message, **kwargs)
-        self.problems = problems
-
-
-# -- loading and carrying the code ----------------------------------------------------
-
-
-class TrustRequiredError(CodeferryError, PermissionError):
-    """Model code would run, but the caller did not decide to trust it."""
-
-    def __init__(self, message: str, *, files: tuple[str, ...] = (), **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.files = files
-
-
-class _CodeError(CodeferryError):
-    """An error about one unit of code: ``model`` names it, ``digest`` pins it."""
-
-    def __init__(
-        self, message: str, *, digest: str | None = None, model: str | None = None, **kwargs: Any
-    ) -> None:
-        super().__init__(message, **kwargs)
-        self.digest = digest
-        self.model = model
-
-
-class StoreUnavailableError(_CodeError, OSError):
-    """The codeferry store cannot be written (read-only, disk full)."""
-
-
-class StoreCorruptError(_CodeError, ValueError):
-    """Bytes do not match the digest they were sent or stored with."""
-
-
-class CodeUnavailableError(_CodeError, ImportError):
-    """A process got a digest it has no bytes for, neither in memory nor in its store."""
-
-
-class RemoteCodeExecutionError(_CodeError, ImportError):
-    """Executing a module of the model raised; the original exception is the cause."""
-
-
-class WorkerError(CodeferryError, RuntimeError):
-    """A worker process failed; its traceback is the ``__cause__``."""
-
-    def __init__(self, message: str, *, worker: int | None = None, **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.worker = worker
-
-
-class RemoteTraceback(Exception):
-    """A worker's formatted traceback, attached as ``__cause__`` of the error it raised.
-
-    Python prints the cause above the error, so the parent's traceback shows where the
-    worker failed (loky does the same).
-    """
-
-    def __init__(self, tb: str) -> None:
-        super().__init__(tb)
-        self.tb = tb
-
-    def __str__(self) -> str:
-        return f"\n\"\"\"\n{self.tb}\"\"\""
-
-
-# -- locks ----------------------------------------------------------------------------
-
-
-class LockFormatError(CodeferryError, ValueError):
-    """A lock file is truncated, malformed, of an unknown version, or inconsistent."""
-
-
-class LockMismatchError(CodeferryError, PermissionError):
-    """Code differs from what a lock allows; ``diff`` (when known) says how."""
-
-    def __init__(
-        self, message: str, *, diff: Any = None, digest: str | None = None, **kwargs: Any
-    ) -> None:
-        super().__init__(message, **kwargs)
-        self.diff = diff
-        self.digest = digest
-
-
-# -- the executor ---------------------------------------------------------------------
-
-
-class WorkerStartupError(WorkerError):
-    """A worker failed its start-up handshake; the worker's traceback is the cause."""
-
-
-class BrokenExecutorError(WorkerError, BrokenExecutor):
-    """No worker is left and none can be started (every replacement failed, or no Ray node
-    can host one): every input not done yet fails with this, and so does every later call.
-    The last start-up error is the cause."""
-
-
-class BatchTimeoutError(WorkerError):
-    """A batch ran past ``batch_timeout``: its worker was killed and replaced."""
-
-
-class ClusterError(WorkerError):
-    """Ray reported a failure (an actor or node died, a task raised in Ray itself); Ray's
-    own exception is the cause."""
-
-
-class ExtraMissingError(CodeferryError, ImportError):
-    """A feature needs an optional dependency that is not installed; ``extra`` names the
-    ``pip install 'codeferry[...]'`` extra that brings it."""
-
-    def __init__(self, message: str, *, extra: str = "", **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.extra = extra
-
-
-class WeightsTooLargeError(CodeferryError, ValueError):
-    """A Ray node lacks the model's weights and they are too large to ship from the driver."""
-
-
-class BatchFailedError(CodeferryError, RuntimeError):
-    """A batch failed on every attempt; ``indices``/``inputs`` name what it held."""
-
-    def __init__(
-        self, message: str, *, indices: tuple[int, ...] = (), inputs: tuple[Any, ...] = (),
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(message, **kwargs)
-        self.indices = indices
-        self.inputs = inputs
-
-
-# -- codeferry run --------------------------------------------------------------------
-
-
-class InputNotFoundError(CodeferryError, FileNotFoundError):
-    """The ``--input`` file of ``codeferry run`` does not exist."""
-
-
-class InputFormatError(CodeferryError, ValueError):
-    """A line of an input (or an existing output) file of ``codeferry run`` is unusable.
-
-    ``path`` and ``line`` locate it; nothing has been written when this is raised.
-    """
-
-
-class OutputError(CodeferryError, OSError):
-    """The ``--output`` file of ``codeferry run`` cannot be opened, locked or written."""
-
-
-class ForeignOutputError(OutputError):
-    """The ``--output`` file holds a line ``codeferry run`` does not write (``path``/``line``
-    name it): the file is someone else's, so it is left exactly as it is."""
-
-
-class RunStoppedError(CodeferryError, RuntimeError):
-    """``codeferry run`` stopped on a fault of the machine, not of an input: the executor
-    broke, the model's code changed, a worker could not start, a batch timed out, the store
-    failed. The fault is the ``__cause__``; nothing of it was written as an output line, so
-    the same command resumes. ``written`` lines of ``total`` are in ``output`` (``None``:
-    stdout); ``stopped_at`` is the first input id not written; ``resume`` the command that
-    resumes (the CLI fills it in).
-    """
-
-    def __init__(
-        self, message: str, *, written: int = 0, total: int = 0, output: str | None = None,
-        stopped_at: Any = None, resume: str | None = None, **kwargs: Any,
-    ) -> None:
-        super().__init__(message, **kwargs)
-        self.written = written
-        self.total = total
-        self.output = output
-        self.stopped_at = stopped_at
-        self.resume = resume
-
-
-# -- the code the parent checked ------------------------------------------------------
-
-
-class CodeChangedError(_CodeError, PermissionError):
-    """A worker found other code than the parent checked: the model changed on disk since.
-
-    ``expected`` is the digest the parent decided on, ``actual`` the digest the worker
-    resolved; nothing of ``actual`` was executed. Not a crash: retrying finds the same.
-    """
-
-    def __init__(
-        self, message: str, *, expected: str | None = None, actual: str | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(message, **kwargs)
-        self.expected = expected
-        self.actual = actual
-
-
-class ResumeMismatchError(CodeferryError, ValueError):
-    """``codeferry run`` would resume an output that another model, code or option set wrote.
-
-    ``differences`` maps each field that differs (``model``, ``digest``, ``task``, an
-    option) to ``(recorded, now)``.
-    """
-
-    def __init__(
-        self, message: str, *, differences: dict[str, tuple[Any, Any]] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(message, **kwargs)
-        self.differences = differences or {}
-
-
-class InputChangedError(ResumeMismatchError):
-    """A resume whose input holds another request, under an id the output already answers,
-    than the run that wrote that line had: the line would be a stale answer. ``ids`` are
-    those ids, ``lines`` their lines in the input now."""
-
-    def __init__(
-        self, message: str, *, ids: tuple[Any, ...] = (), lines: tuple[int, ...] = (),
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(message, **kwargs)
-        self.ids = ids
-        self.lines = lines
-
-
-class ResumeUncheckedError(ResumeMismatchError):
-    """A resume that cannot be checked: the output holds lines but no record of what
-    produced them is beside it (or the record predates what is checked now)."""
-# -- messages that lead somewhere -------------------------------------------------------
-
-
-class DeviceError(CodeferryError, ValueError):
-    """``device`` is not a device string torch knows, or names a device this machine lacks.
-
-    Raised in the parent before any worker starts; ``device`` is what was asked for.
-    """
-
-    def __init__(self, message: str, *, device: str | None = None, **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.device = device
-
-
-class MainGuardError(CodeferryError, RuntimeError):
-    """Workers would be started while the main script is being imported.
-
-    Spawn and forkserver workers import the main script again; without an
-    ``if __name__ == "__main__":`` guard the script starts an executor in every worker,
-    which multiprocessing refuses. ``path``/``line`` name the unguarded statement.
-    """
-# -- per-class loading ----------------------------------------------------------------
-
-
 class MissingPackageError(CodeferryError, ImportError):
     """A module imports a third-party package, unguarded at module level, that is not installed.
 
@@ -523,61 +298,6 @@ class OptionalModuleMissing(MissingModuleError):
     blocking = False
 
 
-class ConfigUnavailableError(CodeferryError, ImportError):
-    """A model class cannot load because the model's ``AutoConfig`` class cannot.
-
-    ``key`` is the model class's ``auto_map`` key; the config's own error is the cause
-    and ``config_error``.
-    """
-
-    def __init__(
-        self, message: str, *, key: str = "", config_error: Any = None, **kwargs: Any
-    ) -> None:
-        super().__init__(message, **kwargs)
-        self.key = key
-        self.config_error = config_error
-# -- the store's permissions ----------------------------------------------------------
-
-
-class StorePermissionError(CodeferryError, PermissionError):
-    """A folder or entry of the codeferry store is owned, or writable, by another user.
-
-    Whoever can write there can replace code this process would run. ``owner`` (uid) and
-    ``mode`` (permission bits) are what was found at ``path``; ``digest`` names the unit
-    when an entry of one is at fault.
-    """
-
-    def __init__(
-        self, message: str, *, owner: int | None = None, mode: int | None = None,
-        digest: str | None = None, **kwargs: Any,
-    ) -> None:
-        super().__init__(message, **kwargs)
-        self.owner = owner
-        self.mode = mode
-        self.digest = digest
-
-
-class TicketPackageError(_CodeError, ImportError):
-    """A pickled unit asks to be registered under a package name that is not its own.
-
-    Only ``codeferry._dyn.u<token>`` of its own digest, or a ``transformers_modules.``
-    alias, may be: anything else (``requests``, ``codeferry._dyn``) would put the sender's
-    code in the place of a module the receiver imports. ``package`` is the name asked for.
-    """
-
-    def __init__(self, message: str, *, package: str | None = None, **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.package = package
-
-
-class RequestUnpicklingError(WorkerError):
-    """A worker could not unpickle a request it was sent; the unpickling error is the cause.
-
-    Sending it again would fail the same way, so its batch fails at once, not retried.
-    """
-# -- assets ---------------------------------------------------------------------------
-
-
 class AssetTooLargeError(CodeferryError, ValueError):
     """A data file the code names (an asset) is above the asset limit (``limit``, bytes)."""
 
@@ -589,60 +309,21 @@ class AssetTooLargeError(CodeferryError, ValueError):
         self.limit = limit
 
 
-class ModelTypeConflictError(CodeferryError, ValueError):
-    """Another model's class holds this ``model_type`` in transformers' registry.
-
-    transformers keeps one config class per ``model_type``; answering this model with the
-    other model's class would run the wrong code. ``model_type`` names the contested type.
-    """
-
-    def __init__(self, message: str, *, model_type: str = "", **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.model_type = model_type
-# -- the output lock of codeferry run -------------------------------------------------
+class StoreCorruptError(_CodeError, ValueError):
+    """Bytes do not match the digest they were sent or stored with."""
 
 
-class OutputLockError(OutputError):
-    """``codeferry run`` cannot lock its ``--output`` file, so it writes nothing to it.
-
-    ``held`` is ``True`` when another run holds the lock (wait for it, or choose another
-    output), ``False`` when the lock file ``lock_path`` cannot be created or locked at all
-    (a read-only folder, a filesystem without locks).
-    """
+class ProblemsFound(CodeferryError, ImportError):
+    """Static analysis found blocking problems; ``problems`` lists each one."""
 
     def __init__(
-        self, message: str, *, lock_path: str | None = None, held: bool = False, **kwargs: Any
+        self, message: str, *, problems: tuple[CodeferryError, ...] = (), **kwargs: Any
     ) -> None:
         super().__init__(message, **kwargs)
-        self.lock_path = lock_path
-        self.held = held
+        self.problems = problems
 
 
-class DTypeError(CodeferryError, ValueError):
-    """A ``dtype`` that is neither a ``torch.dtype`` nor the name of one; ``dtype`` is its repr.
-
-    Raised in the parent before any worker starts.
-    """
-
-    def __init__(self, message: str, *, dtype: str | None = None, **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.dtype = dtype
-
-
-class OutputHeldError(OutputLockError):
-    """Another run holds the lock of the ``--output`` file (of the file itself: any name of
-    it, a hard link or a bind mount included). ``holder`` says which run: its ``pid``,
-    ``host``, ``command`` and ``started`` (seconds since the epoch), as it recorded them."""
-
-    def __init__(self, message: str, *, holder: dict[str, Any] | None = None,
-                 **kwargs: Any) -> None:
-        kwargs.setdefault("held", True)
-        super().__init__(message, **kwargs)
-        self.holder = holder or {}
-
-
-# -- the Hugging Face Hub -------------------------------------------------------------
-
+# -- _code: the Hugging Face Hub, and the Hub's check of a lock (--verify-hub) ------------
 
 class _HubError(CodeferryError):
     """An error about a repo of the Hub: ``repo_id`` names it, ``revision`` what was asked for."""
@@ -689,97 +370,6 @@ class HubDownloadError(_HubError, ConnectionError):
     """
 
 
-# -- what every worker will need --------------------------------------------------------
-
-
-class ModelFilesMissingError(CodeferryError, FileNotFoundError):
-    """The model's folder lacks files every worker would need: raised in the parent, before
-    any worker starts.
-
-    ``path`` is the folder; ``missing`` names what it lacks (``"weights"``, ``"tokenizer"``);
-    ``files`` the files that would do (one of them is enough).
-    """
-
-    def __init__(
-        self, message: str, *, missing: tuple[str, ...] = (), files: tuple[str, ...] = (),
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(message, **kwargs)
-        self.missing = missing
-        self.files = files
-
-
-class DoctorCheckError(CodeferryError, RuntimeError):
-    """A check of ``codeferry doctor`` failed in a worker: ``check`` names it (``"generate"``:
-    one token generated the way ``codeferry run`` generates). The worker's own error is the
-    cause (its traceback)."""
-
-    def __init__(self, message: str, *, check: str = "", **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.check = check
-
-
-__all__ += ["ModelFilesMissingError", "DoctorCheckError"]
-
-
-# -- joining a Ray cluster ------------------------------------------------------------
-
-
-class ClusterUnreachableError(ClusterError):
-    """Nothing answers at the Ray cluster address given (``address=``, ``--address`` or
-    ``RAY_ADDRESS``) within a few seconds; ``address`` is the address tried, and the socket
-    error of the last try is the cause."""
-
-    def __init__(self, message: str, *, address: str | None = None, **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.address = address
-
-
-# -- codeferry exec ----------------------------------------------------------------------
-
-
-class CommandNotRunError(CodeferryError, OSError):
-    """``codeferry exec`` could not start COMMAND (not found, not executable): ``command`` is
-    its first word, and ``status`` the exit code a shell gives for it (127 not found, 126
-    found but not runnable)."""
-
-    def __init__(
-        self, message: str, *, command: str = "", status: int = 126, **kwargs: Any
-    ) -> None:
-        super().__init__(message, **kwargs)
-        self.command = command
-        self.status = status
-
-
-__all__ += ["CommandNotRunError"]
-
-
-# -- doors: every way transformers executes a repo's Python ------------------------------
-
-
-class UnlockedCodeError(CodeferryError, RuntimeError):
-    """A lock binds this process, and transformers was about to execute a module whose bytes
-    are not locked bytes (``path``: the file; ``door``: the way in, such as
-    ``custom_generate``). Nothing of it ran. Deliberately not an ``OSError``: transformers
-    reads an ``OSError`` at some doors (``custom_generate`` in ``from_pretrained``) as "no
-    such file" and goes on silently, and a refusal under a lock must be heard."""
-
-    def __init__(self, message: str, *, door: str = "", **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.door = door
-
-
-class PluginDisabledUnderLockError(CodeferryError, RuntimeError):
-    """``CODEFERRY_LOCK`` is set, but codeferry's vLLM plugin is switched off
-    (``CODEFERRY_VLLM_PLUGIN=0``): the lock would bind nothing, so the process refuses to
-    start instead of running unchecked code."""
-
-
-__all__ += ["UnlockedCodeError", "PluginDisabledUnderLockError"]
-
-# -- the Hub vouching for a lock (--verify-hub) -------------------------------------------
-
-
 class HubMismatchError(_HubError, PermissionError):
     """Locked files (or the files about to be locked) are not what the Hub holds at the
     locked commit: a tampered cache or mirror, or a lock made from one. Nothing ran.
@@ -808,7 +398,21 @@ class HubUncheckedError(_HubError, ConnectionError):
         self.reason = reason
 
 
-__all__ += ["HubMismatchError", "HubUncheckedError"]
+# -- _code: locks and model signatures ----------------------------------------------------
+
+class LockFormatError(CodeferryError, ValueError):
+    """A lock file is truncated, malformed, of an unknown version, or inconsistent."""
+
+
+class LockMismatchError(CodeferryError, PermissionError):
+    """Code differs from what a lock allows; ``diff`` (when known) says how."""
+
+    def __init__(
+        self, message: str, *, diff: Any = None, digest: str | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.diff = diff
+        self.digest = digest
 
 
 class ModelSignatureError(CodeferryError, PermissionError):
@@ -824,9 +428,122 @@ class ModelSignatureError(CodeferryError, PermissionError):
         self.key = key
 
 
-__all__ += ["ModelSignatureError"]
+# -- _trust: the trust decision -----------------------------------------------------------
 
-# -- the other doors: Hub kernels ----------------------------------------------------------
+class TrustRequiredError(CodeferryError, PermissionError):
+    """Model code would run, but the caller did not decide to trust it."""
+
+    def __init__(self, message: str, *, files: tuple[str, ...] = (), **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.files = files
+
+
+class CodeChangedError(_CodeError, PermissionError):
+    """A worker found other code than the parent checked: the model changed on disk since.
+
+    ``expected`` is the digest the parent decided on, ``actual`` the digest the worker
+    resolved; nothing of ``actual`` was executed. Not a crash: retrying finds the same.
+    """
+
+    def __init__(
+        self, message: str, *, expected: str | None = None, actual: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.expected = expected
+        self.actual = actual
+
+
+# -- _runtime: the store and the units processes send each other --------------------------
+
+class StoreUnavailableError(_CodeError, OSError):
+    """The codeferry store cannot be written (read-only, disk full)."""
+
+
+class StorePermissionError(CodeferryError, PermissionError):
+    """A folder or entry of the codeferry store is owned, or writable, by another user.
+
+    Whoever can write there can replace code this process would run. ``owner`` (uid) and
+    ``mode`` (permission bits) are what was found at ``path``; ``digest`` names the unit
+    when an entry of one is at fault.
+    """
+
+    def __init__(
+        self, message: str, *, owner: int | None = None, mode: int | None = None,
+        digest: str | None = None, **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.owner = owner
+        self.mode = mode
+        self.digest = digest
+
+
+class CodeUnavailableError(_CodeError, ImportError):
+    """A process got a digest it has no bytes for, neither in memory nor in its store."""
+
+
+class TicketPackageError(_CodeError, ImportError):
+    """A pickled unit asks to be registered under a package name that is not its own.
+
+    Only ``codeferry._dyn.u<token>`` of its own digest, or a ``transformers_modules.``
+    alias, may be: anything else (``requests``, ``codeferry._dyn``) would put the sender's
+    code in the place of a module the receiver imports. ``package`` is the name asked for.
+    """
+
+    def __init__(self, message: str, *, package: str | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.package = package
+
+
+# -- _hf, _load, _install: loading, and the gates of transformers' doors ------------------
+
+class RemoteCodeExecutionError(_CodeError, ImportError):
+    """Executing a module of the model raised; the original exception is the cause."""
+
+
+class ConfigUnavailableError(CodeferryError, ImportError):
+    """A model class cannot load because the model's ``AutoConfig`` class cannot.
+
+    ``key`` is the model class's ``auto_map`` key; the config's own error is the cause
+    and ``config_error``.
+    """
+
+    def __init__(
+        self, message: str, *, key: str = "", config_error: Any = None, **kwargs: Any
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.key = key
+        self.config_error = config_error
+
+
+class ModelTypeConflictError(CodeferryError, ValueError):
+    """Another model's class holds this ``model_type`` in transformers' registry.
+
+    transformers keeps one config class per ``model_type``; answering this model with the
+    other model's class would run the wrong code. ``model_type`` names the contested type.
+    """
+
+    def __init__(self, message: str, *, model_type: str = "", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.model_type = model_type
+
+
+class UnlockedCodeError(CodeferryError, RuntimeError):
+    """A lock binds this process, and transformers was about to execute a module whose bytes
+    are not locked bytes (``path``: the file; ``door``: the way in, such as
+    ``custom_generate``). Nothing of it ran. Deliberately not an ``OSError``: transformers
+    reads an ``OSError`` at some doors (``custom_generate`` in ``from_pretrained``) as "no
+    such file" and goes on silently, and a refusal under a lock must be heard."""
+
+    def __init__(self, message: str, *, door: str = "", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.door = door
+
+
+class PluginDisabledUnderLockError(CodeferryError, RuntimeError):
+    """``CODEFERRY_LOCK`` is set, but codeferry's vLLM plugin is switched off
+    (``CODEFERRY_VLLM_PLUGIN=0``): the lock would bind nothing, so the process refuses to
+    start instead of running unchecked code."""
 
 
 class HubKernelRefusedError(CodeferryError, PermissionError):
@@ -841,10 +558,143 @@ class HubKernelRefusedError(CodeferryError, PermissionError):
         self.repo = repo
 
 
-__all__ += ["HubKernelRefusedError"]
+# -- _exec: workers, the executor, Ray ----------------------------------------------------
 
-# -- batch jobs: sampling parameters and chat (issue 21) ----------------------------------
+class WorkerError(CodeferryError, RuntimeError):
+    """A worker process failed; its traceback is the ``__cause__``."""
 
+    def __init__(self, message: str, *, worker: int | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.worker = worker
+
+
+class RemoteTraceback(Exception):
+    """A worker's formatted traceback, attached as ``__cause__`` of the error it raised.
+
+    Python prints the cause above the error, so the parent's traceback shows where the
+    worker failed (loky does the same).
+    """
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return f"\n\"\"\"\n{self.tb}\"\"\""
+
+
+class WorkerStartupError(WorkerError):
+    """A worker failed its start-up handshake; the worker's traceback is the cause."""
+
+
+class BrokenExecutorError(WorkerError, BrokenExecutor):
+    """No worker is left and none can be started (every replacement failed, or no Ray node
+    can host one): every input not done yet fails with this, and so does every later call.
+    The last start-up error is the cause."""
+
+
+class BatchTimeoutError(WorkerError):
+    """A batch ran past ``batch_timeout``: its worker was killed and replaced."""
+
+
+class BatchFailedError(CodeferryError, RuntimeError):
+    """A batch failed on every attempt; ``indices``/``inputs`` name what it held."""
+
+    def __init__(
+        self, message: str, *, indices: tuple[int, ...] = (), inputs: tuple[Any, ...] = (),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.indices = indices
+        self.inputs = inputs
+
+
+class RequestUnpicklingError(WorkerError):
+    """A worker could not unpickle a request it was sent; the unpickling error is the cause.
+
+    Sending it again would fail the same way, so its batch fails at once, not retried.
+    """
+
+
+class ClusterError(WorkerError):
+    """Ray reported a failure (an actor or node died, a task raised in Ray itself); Ray's
+    own exception is the cause."""
+
+
+class ClusterUnreachableError(ClusterError):
+    """Nothing answers at the Ray cluster address given (``address=``, ``--address`` or
+    ``RAY_ADDRESS``) within a few seconds; ``address`` is the address tried, and the socket
+    error of the last try is the cause."""
+
+    def __init__(self, message: str, *, address: str | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.address = address
+
+
+class WeightsTooLargeError(CodeferryError, ValueError):
+    """A Ray node lacks the model's weights and they are too large to ship from the driver."""
+
+
+class ModelFilesMissingError(CodeferryError, FileNotFoundError):
+    """The model's folder lacks files every worker would need: raised in the parent, before
+    any worker starts.
+
+    ``path`` is the folder; ``missing`` names what it lacks (``"weights"``, ``"tokenizer"``);
+    ``files`` the files that would do (one of them is enough).
+    """
+
+    def __init__(
+        self, message: str, *, missing: tuple[str, ...] = (), files: tuple[str, ...] = (),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.missing = missing
+        self.files = files
+
+
+class DeviceError(CodeferryError, ValueError):
+    """``device`` is not a device string torch knows, or names a device this machine lacks.
+
+    Raised in the parent before any worker starts; ``device`` is what was asked for.
+    """
+
+    def __init__(self, message: str, *, device: str | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.device = device
+
+
+class DTypeError(CodeferryError, ValueError):
+    """A ``dtype`` that is neither a ``torch.dtype`` nor the name of one; ``dtype`` is its repr.
+
+    Raised in the parent before any worker starts.
+    """
+
+    def __init__(self, message: str, *, dtype: str | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.dtype = dtype
+
+
+class MainGuardError(CodeferryError, RuntimeError):
+    """Workers would be started while the main script is being imported.
+
+    Spawn and forkserver workers import the main script again; without an
+    ``if __name__ == "__main__":`` guard the script starts an executor in every worker,
+    which multiprocessing refuses. ``path``/``line`` name the unguarded statement.
+    """
+
+
+# -- _exec: engines -----------------------------------------------------------------------
+
+class EngineRefusedError(CodeferryError, RuntimeError):
+    """The engine a worker was asked for (``engine="vllm"``) cannot serve this model or this
+    kind of request; ``engine`` names it. ``engine="auto"`` falls back to transformers on it."""
+
+    def __init__(self, message: str, *, engine: str = "", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.engine = engine
+
+
+# -- _exec: generation: sampling parameters and chat --------------------------------------
 
 class SamplingParamsError(CodeferryError, ValueError):
     """A sampling parameter is out of range or of the wrong type (``SamplingParams``, a
@@ -861,18 +711,129 @@ class ChatTemplateMissingError(CodeferryError, ValueError):
     none was given (``--chat-template FILE``, ``chat_template=``)."""
 
 
-__all__ += ["SamplingParamsError", "ChatTemplateMissingError"]
+# -- _commands: codeferry run's inputs and outputs, doctor, exec --------------------------
 
-# -- engines (issue 20) -------------------------------------------------------------------
+class InputNotFoundError(CodeferryError, FileNotFoundError):
+    """The ``--input`` file of ``codeferry run`` does not exist."""
 
 
-class EngineRefusedError(CodeferryError, RuntimeError):
-    """The engine a worker was asked for (``engine="vllm"``) cannot serve this model or this
-    kind of request; ``engine`` names it. ``engine="auto"`` falls back to transformers on it."""
+class InputFormatError(CodeferryError, ValueError):
+    """A line of an input (or an existing output) file of ``codeferry run`` is unusable.
 
-    def __init__(self, message: str, *, engine: str = "", **kwargs: Any) -> None:
+    ``path`` and ``line`` locate it; nothing has been written when this is raised.
+    """
+
+
+class OutputError(CodeferryError, OSError):
+    """The ``--output`` file of ``codeferry run`` cannot be opened, locked or written."""
+
+
+class ForeignOutputError(OutputError):
+    """The ``--output`` file holds a line ``codeferry run`` does not write (``path``/``line``
+    name it): the file is someone else's, so it is left exactly as it is."""
+
+
+class OutputLockError(OutputError):
+    """``codeferry run`` cannot lock its ``--output`` file, so it writes nothing to it.
+
+    ``held`` is ``True`` when another run holds the lock (wait for it, or choose another
+    output), ``False`` when the lock file ``lock_path`` cannot be created or locked at all
+    (a read-only folder, a filesystem without locks).
+    """
+
+    def __init__(
+        self, message: str, *, lock_path: str | None = None, held: bool = False, **kwargs: Any
+    ) -> None:
         super().__init__(message, **kwargs)
-        self.engine = engine
+        self.lock_path = lock_path
+        self.held = held
 
 
-__all__ += ["EngineRefusedError"]
+class OutputHeldError(OutputLockError):
+    """Another run holds the lock of the ``--output`` file (of the file itself: any name of
+    it, a hard link or a bind mount included). ``holder`` says which run: its ``pid``,
+    ``host``, ``command`` and ``started`` (seconds since the epoch), as it recorded them."""
+
+    def __init__(self, message: str, *, holder: dict[str, Any] | None = None,
+                 **kwargs: Any) -> None:
+        kwargs.setdefault("held", True)
+        super().__init__(message, **kwargs)
+        self.holder = holder or {}
+
+
+class ResumeMismatchError(CodeferryError, ValueError):
+    """``codeferry run`` would resume an output that another model, code or option set wrote.
+
+    ``differences`` maps each field that differs (``model``, ``digest``, ``task``, an
+    option) to ``(recorded, now)``.
+    """
+
+    def __init__(
+        self, message: str, *, differences: dict[str, tuple[Any, Any]] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.differences = differences or {}
+
+
+class InputChangedError(ResumeMismatchError):
+    """A resume whose input holds another request, under an id the output already answers,
+    than the run that wrote that line had: the line would be a stale answer. ``ids`` are
+    those ids, ``lines`` their lines in the input now."""
+
+    def __init__(
+        self, message: str, *, ids: tuple[Any, ...] = (), lines: tuple[int, ...] = (),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.ids = ids
+        self.lines = lines
+
+
+class ResumeUncheckedError(ResumeMismatchError):
+    """A resume that cannot be checked: the output holds lines but no record of what
+    produced them is beside it (or the record predates what is checked now)."""
+
+
+class RunStoppedError(CodeferryError, RuntimeError):
+    """``codeferry run`` stopped on a fault of the machine, not of an input: the executor
+    broke, the model's code changed, a worker could not start, a batch timed out, the store
+    failed. The fault is the ``__cause__``; nothing of it was written as an output line, so
+    the same command resumes. ``written`` lines of ``total`` are in ``output`` (``None``:
+    stdout); ``stopped_at`` is the first input id not written; ``resume`` the command that
+    resumes (the CLI fills it in).
+    """
+
+    def __init__(
+        self, message: str, *, written: int = 0, total: int = 0, output: str | None = None,
+        stopped_at: Any = None, resume: str | None = None, **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.written = written
+        self.total = total
+        self.output = output
+        self.stopped_at = stopped_at
+        self.resume = resume
+
+
+class DoctorCheckError(CodeferryError, RuntimeError):
+    """A check of ``codeferry doctor`` failed in a worker: ``check`` names it (``"generate"``:
+    one token generated the way ``codeferry run`` generates). The worker's own error is the
+    cause (its traceback)."""
+
+    def __init__(self, message: str, *, check: str = "", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.check = check
+
+
+class CommandNotRunError(CodeferryError, OSError):
+    """``codeferry exec`` could not start COMMAND (not found, not executable): ``command`` is
+    its first word, and ``status`` the exit code a shell gives for it (127 not found, 126
+    found but not runnable)."""
+
+    def __init__(
+        self, message: str, *, command: str = "", status: int = 126, **kwargs: Any
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.command = command
+        self.status = status

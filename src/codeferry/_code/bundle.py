@@ -62,7 +62,7 @@ class Module:
 class RepoScan:
     """One repo's worth of code as the resolver scans it from disk: the model's own
     (``repo=None``) or a cross-repo one. The first layer of a unit: ``Bundle`` gathers the
-    scans, and ``_loader.units_of`` turns each into a ``_store.Unit``."""
+    scans, and ``_runtime.loader.units_of`` turns each into a ``unit.Unit``."""
 
     origin: ModelOrigin
     repo: str | None

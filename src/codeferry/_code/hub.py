@@ -1,6 +1,6 @@
 """Repos of the Hugging Face Hub: found in the local cache, downloaded when they are not.
 
-``_source`` reads what is on disk. This module is the one place that goes to the network,
+``source`` reads what is on disk. This module is the one place that goes to the network,
 through huggingface_hub's own client (its cache layout, file locks, retries, tokens), and
 only for a repo id whose snapshot the cache lacks or holds in part::
 

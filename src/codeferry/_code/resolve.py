@@ -7,8 +7,8 @@ exactly the bytes that were checked, not a file read again after the check.
 
 Phases, in order:
 
-1. locate the model (``_hub``: on disk, ``_source``, after downloading a repo id the
-   cache lacks) and read every ``auto_map`` (``_automap``);
+1. locate the model (``hub``: on disk, ``source``, after downloading a repo id the
+   cache lacks) and read every ``auto_map`` (``automap``);
 2. from the ``auto_map`` modules, walk relative imports to every needed file, per
    *unit*: the model's own code, plus each repo a cross-repo reference names, pinned
    at the commit its revision resolves to;
@@ -222,7 +222,7 @@ def _walk(
 ) -> tuple[ModelOrigin, list[ClassRef], Walker, list[tuple[str, str, int]]]:
     """Phases 1 and 2. A hub snapshot whose code imports files it lacks (what plain
     transformers leaves when it fails on a sub-package) is completed once, then walked again;
-    offline that is a ``ModelNotCachedError`` naming the files (``_hub.complete``)."""
+    offline that is a ``ModelNotCachedError`` naming the files (``hub.complete``)."""
     folder = Path(model).expanduser().is_dir()  # read as it is, never fetched
     for last in (False, True):
         origin = _hub.locate(model, revision=revision, cache_dir=cache_dir, token=token,

@@ -1,6 +1,6 @@
 """Where a model's files are: a local folder, or a repo in the local Hugging Face cache.
 
-No network here: a repo id is looked up in the hub cache as it is on disk (``_hub``
+No network here: a repo id is looked up in the hub cache as it is on disk (``hub``
 downloads what the cache lacks, then asks here again)::
 
     $HF_HUB_CACHE/                       (default $HF_HOME/hub, ~/.cache/huggingface/hub)

@@ -19,9 +19,9 @@ __all__ = ["Unit"]
 class Unit:
     """The verified bytes of a unit, and what the loader needs to execute them.
 
-    The stored layer of a unit: built from a ``Bundle`` (``_loader.units_of``, from its
-    ``_resolve.RepoScan``), a ticket or the store; ``_loader.register`` makes it a
-    ``_loader.Registration`` in a process.
+    The stored layer of a unit: built from a ``Bundle`` (``_runtime.loader.units_of``, from its
+    ``bundle.RepoScan``), a ticket or the store; ``_runtime.loader.register`` makes it a
+    ``_runtime.loader.Registration`` in a process.
 
     ``order`` lists dotted module names dependencies first; ``packages`` those that are
     packages (``__init__.py`` or namespace folders); ``label`` is what messages call it.

@@ -16,7 +16,7 @@ And the files transformers reads for these classes are the checked ones: a token
 class's ``from_pretrained`` of a loaded model (its folder, or its repo id at the
 loaded commit) opens the listed assets it names in ``vocab_files_names``
 (``vocab.json``, ``tokenizer.json``...) from this process's private verified copy
-(``_loader.verified_dir``), not from the model folder. transformers gives an explicit
+(``loader.verified_dir``), not from the model folder. transformers gives an explicit
 keyword (``vocab_file=...``) precedence over the file it resolves, so this is a
 keyword, not a patch of transformers. A ``vocab.json`` swapped in the folder after
 ``load(lock=...)`` then has no effect.

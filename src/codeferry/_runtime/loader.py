@@ -71,7 +71,7 @@ PREFIX = "codeferry._dyn"
 
 _lock = threading.RLock()
 _registrations: dict[str, Registration] = {}  # package name -> its registration
-#: Called after each module executes (``_pickling`` marks its classes there).
+#: Called after each module executes (``pickling`` marks its classes there).
 on_module_executed: list[Callable[[types.ModuleType, Registration], None]] = []
 
 
@@ -79,7 +79,7 @@ on_module_executed: list[Callable[[types.ModuleType, Registration], None]] = []
 class Registration:
     """A unit registered in this process, under ``package``.
 
-    The run-time layer of a unit: a ``_store.Unit`` given a package name (``register``),
+    The run-time layer of a unit: a ``_code.unit.Unit`` given a package name (``register``),
     whose modules this process imports from its verified bytes.
     """
 

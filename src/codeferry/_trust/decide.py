@@ -1,9 +1,8 @@
 """The one trust decision: may a bundle's code run in this process, and on what terms.
 
-``load``, ``Executor``, ``run`` and ``doctor`` all execute remote code, and each used to
-decide for itself whether it may (four copies that had started to differ: ``run``
-trusted the bundled demo, ``doctor`` did so only from the command line). They now call
-``decide``, which applies these rules in order:
+``load``, ``Executor``, ``run`` and ``doctor`` all execute remote code, and none of them
+decides for itself whether it may (so ``run`` and ``doctor`` trust the bundled demo alike,
+from the command line or not): each calls ``decide``, which applies these rules in order:
 
 1. a ``lock`` (a ``Lock`` or the path of a lock file): the code must be exactly what it
    lists, else ``LockMismatchError``; ``trust_remote_code`` then changes nothing;
@@ -13,8 +12,10 @@ trusted the bundled demo, ``doctor`` did so only from the command line). They no
    every worker verifies those bytes again;
 4. anything else: ``TrustRequiredError``, listing the files that would run.
 
-Three decisions are made for code that transformers, not codeferry, was asked to run; they
-are here too, so that no other module decides trust:
+``decide_door`` applies the same rules to code that transformers runs through a door beside
+``auto_map`` (``custom_generate``) and codeferry executes in its place. Six decisions are
+made for code that transformers, not codeferry, was asked to run; they are here too, so
+that no other module decides trust:
 
 - ``transformers_ran``: transformers executed code itself (its own ``trust_remote_code``
   check passed), so this process trusts exactly those bytes when codeferry adopts them;
@@ -22,12 +23,15 @@ are here too, so that no other module decides trust:
   transformers carries the caller's decision in its ``trust_remote_code`` keyword;
 - ``environment_lock``: the lock that binds every process of an engine (``CODEFERRY_LOCK``);
 - ``kernel_refusal``: whether transformers may fetch and import a Hub kernel (the ``kernels``
-  package), a door beside remote code that no lock lists; ``kernelize_skipped``: whether
-  transformers' own kernelization of a model it loads is left out (under a lock).
+  package), a door beside remote code that no lock lists;
+- ``kernelize_skipped``: whether transformers' own kernelization of a model it loads is
+  left out (under a lock, when the caller did not ask for it);
+- ``kernelize_refused``: whether a kernelization the caller asked for is refused (under a
+  lock, unless its mapping names no kernel).
 
 A decision is about one digest, not a folder: ``code_changed`` is the error of a process
 that finds other code than the digest its parent decided on. ``record`` makes a decision
-this process's own (``_policy``): what may run here, and whether a lock binds it.
+this process's own (``policy``): what may run here, and whether a lock binds it.
 """
 
 from __future__ import annotations
@@ -196,7 +200,7 @@ def kernelize_skipped(*, locked: bool, caller_asked: bool) -> bool:
     may run and never a kernel, so under one a kernelization nobody asked for is left out:
     the model keeps its own torch layers, and nothing is fetched. Refusing it instead would
     refuse every locked load. A caller who asked (``use_kernels=True``, ``kernel_config``, or
-    ``kernelize`` called directly) is refused by ``kernel_refusal`` as before.
+    ``kernelize`` called directly) is refused by ``kernel_refusal``.
     """
     return locked and not caller_asked
 

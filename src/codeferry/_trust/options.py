@@ -3,11 +3,10 @@
 ``load``, ``Executor``, ``run``, ``doctor`` and every command of the CLI take the same
 group of arguments, ``from_pretrained``'s vocabulary: where to find the model
 (``revision``, ``code_revision``, ``cache_dir``, ``token``, ``local_files_only``) and what
-the trust decision is made from (``trust_remote_code``, ``lock``). They used to be listed
-again by hand at every hop, so a new one (``code_revision``) had to be threaded through
-each. Now each public signature lists them for its users and its help, ``ModelOptions.of``
-takes them from there, and everything below passes the one value on: a new option is a
-field here plus the public signatures.
+the trust decision is made from (``trust_remote_code``, ``lock``). Each public signature
+lists them for its users and its help, ``ModelOptions.of`` takes them from there, and
+everything below passes the one value on, never listing them again by hand: a new option
+is a field here plus the public signatures.
 
 What the revisions mean is decided here too: the code is read at ``code_revision``
 (default: ``revision``), the config and weights at ``revision``, as in transformers.

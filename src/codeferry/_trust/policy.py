@@ -1,6 +1,6 @@
 """Which code this process may run: the trust decisions it made, and whether a lock binds it.
 
-Every unit passes ``check_allowed`` when it is registered (``_loader.register``), whether
+Every unit passes ``check_allowed`` when it is registered (``_runtime.loader.register``), whether
 this process loaded it or received it in a message. Until a lock is used, explicit trust
 (``trust_remote_code=True`` in the sender) is the decision and everything that arrives may
 run; once ``load(..., lock=...)`` ran here, only code some lock of this process lists may.

@@ -1,6 +1,6 @@
 """The findings of ``codeferry audit``: categories, one ``Finding`` per place, the report.
 
-The categories and what each covers are described in ``_audit``; the ``--json`` shape of a
+The categories and what each covers are described in ``report``; the ``--json`` shape of a
 report is ``AuditReport.to_json``.
 """
 

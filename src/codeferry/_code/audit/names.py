@@ -5,7 +5,7 @@ Each function, lambda, class body and the module get a ``Scope`` of the names th
 the stack of scopes, and answers what a name or an expression is: a qualified name
 (``sp.run`` -> ``subprocess.run``, ``getattr(os, "system")`` -> ``os.system``), the one value
 a local name is ever given, whether it is surely a path, and where a path points relative
-to the module's own file. The checks themselves are ``_audit_visitor.Auditor``'s.
+to the module's own file. The checks themselves are ``visitor.Auditor``'s.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The audit's checks: one ``ast`` walk of a module that reports what its code can do.
 
-``Auditor`` is a ``NameResolver`` (``_audit_names``) that looks at every reference,
-assignment target and call, matches their qualified names against ``_audit_rules``, and
+``Auditor`` is a ``NameResolver`` (``names``) that looks at every reference,
+assignment target and call, matches their qualified names against ``rules``, and
 checks what depends on arguments (``open`` modes, loaders, write targets). A write is
 reported unless its target is provably inside the module's own folder, or a
 ``save_pretrained``-style hook writes into the folder its caller passes.
