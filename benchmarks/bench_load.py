@@ -65,20 +65,20 @@ FLOOR_PACKAGE = "benchfloor"
 # Functions whose cumulative time is reported from the profiled workers: (label, file part, name).
 PROFILE_TARGETS: tuple[tuple[str, str, str], ...] = (
     ("import codeferry", "codeferry/__init__.py", "<module>"),
-    ("resolve() (static analysis, all of it)", "codeferry/_resolve.py", "resolve"),
-    ("  check_transformers_names", "codeferry/_requirements.py", "check_transformers_names"),
-    ("  collect_requirements", "codeferry/_requirements.py", "collect_requirements"),
+    ("resolve() (static analysis, all of it)", "codeferry/_code/resolve.py", "resolve"),
+    ("  check_transformers_names", "codeferry/_code/requirements.py", "check_transformers_names"),
+    ("  collect_requirements", "codeferry/_code/requirements.py", "collect_requirements"),
     ("  importlib.metadata.packages_distributions", "importlib/metadata", "packages_distributions"),
-    ("_loader.register (verify + store)", "codeferry/_loader.py", "register"),
-    ("  _store.read_unit", "codeferry/_store.py", "read_unit"),
-    ("  _store.write_unit", "codeferry/_store.py", "write_unit"),
+    ("loader.register (verify + store)", "codeferry/_runtime/loader.py", "register"),
+    ("  store.read_unit", "codeferry/_runtime/store.py", "read_unit"),
+    ("  store.write_unit", "codeferry/_runtime/store.py", "write_unit"),
     ("filelock acquire", "filelock", "acquire"),
     ("sha256", "~", "<built-in method _hashlib.openssl_sha256>"),
-    ("_pickling._arrive_ref (ticket -> store)", "codeferry/_pickling.py", "_arrive_ref"),
-    ("module bodies (_Loader.exec_module)", "codeferry/_loader.py", "exec_module"),
+    ("pickling._arrive_ref (ticket -> store)", "codeferry/_runtime/pickling.py", "_arrive_ref"),
+    ("module bodies (_Loader.exec_module)", "codeferry/_runtime/loader.py", "exec_module"),
     ("  compile(), ast.parse included (any caller)", "~", "<built-in method builtins.compile>"),
     ("  transformers.modeling_utils import", "transformers/modeling_utils.py", "<module>"),
-    ("register_with_transformers", "codeferry/_transformers.py", "register_with_transformers"),
+    ("register_with_transformers", "codeferry/_hf/classes.py", "register_with_transformers"),
 )
 
 

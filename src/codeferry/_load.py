@@ -15,7 +15,7 @@ from ._code.automap import ClassRef
 from ._code.lockfile import Lock
 from ._code.requirements import pip_name
 from ._code.resolve import Bundle
-from ._hf import classes as _transformers
+from ._hf.classes import register_with_transformers, serve_verified_files
 from ._runtime import loader as _loader
 from ._runtime import pickling as _pickling
 from ._trust.decide import code_changed, decide_door, record
@@ -363,7 +363,7 @@ def _as_mapping(
         import transformers  # noqa: F401
     except ImportError:
         return classes
-    registered = _transformers.register_with_transformers(classes, owners)
+    registered = register_with_transformers(classes, owners)
     if None in registrations:  # transformers reads the model's own files: the checked copies
-        _transformers.serve_verified_files(registered, root, registrations[None])
+        serve_verified_files(registered, root, registrations[None])
     return registered

@@ -12,8 +12,10 @@ It is taken for one of ours, and checked, when:
 - its first part starts with one ``_`` (``_generation``, ``_exec/decode.py``,
   ``_resolve.RepoScan``; dunders such as ``__init__`` are Python's), or
 - its first part is ``codeferry``, or
-- it has two parts or more and its first part is the last name of a module or package of
-  the tree (``stream.choose``, ``adopt.install``), or
+- it has two parts or more and its first part is the last name of a package of the tree
+  (``workers.transport``), of a module in the file's own package (``stream.choose`` in
+  ``_exec/generate/``), or of a module of the tree the file imports under that name
+  (``from .._code import hub``: ``hub.complete``); not one of ``SHADOWED``, or
 - it ends in ``.py`` and its first part is one of the above.
 
 A path (``/``) becomes a dotted name (``.py`` and ``__init__`` dropped). A checked
@@ -61,8 +63,9 @@ EXTERNAL = frozenset({
     "_cmd_NAME",  # the pattern of the CLI's command functions
 })
 #: Last names of our modules that our words also use for something else, so that ``x.y`` is
-#: not taken for one of ours: vLLM and ``transformers.generation``, and the usual names of a
-#: ``ModelSpec`` and a ``ModelOptions`` value (``spec.seed``, ``options.lock``).
+#: not taken for one of ours: vLLM (``_install/vllm.py`` names ``vllm.general_plugins``),
+#: ``transformers.generation``, and the usual names of a ``ModelSpec`` and a ``ModelOptions``
+#: value (``spec.seed``, ``options.lock``).
 SHADOWED = frozenset({"vllm", "generation", "spec", "options"})
 #: Phrases of ``HISTORY`` that are no history of ours: ``(file, words around the phrase)``.
 #: Another project's past, or a state that the code itself changes at run time.
@@ -118,8 +121,23 @@ class Tree:
                 tree.anywhere |= names
         return tree
 
-    def last_names(self) -> set[str]:
-        return {name.rsplit(".", 1)[-1] for name in self.modules if name} - SHADOWED
+    def prefixes(self, path: Path) -> set[str]:
+        """The first parts of a dotted ``x.y`` that ``path``'s words mean as one of ours: a
+        package of the tree, a module beside ``path`` (its own package), or a module of the
+        tree that ``path`` imports under its own last name (less ``SHADOWED``)."""
+        packages = {name.rsplit(".", 1)[-1] for name, file in self.modules.items()
+                    if name and (file.is_dir() or file.name == "__init__.py")}
+        rel = path.relative_to(self.root).with_suffix("").parts
+        package = ".".join(rel[:-1])  # a module's package; an __init__'s own
+        siblings = {name.rsplit(".", 1)[-1] for name in self.modules
+                    if name and name.rpartition(".")[0] == package}
+        last = {name.rsplit(".", 1)[-1] for name in self.modules if name}
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith(
+                    self.root.name)):
+                imported |= {a.name for a in node.names if a.asname is None} & last
+        return (packages | siblings | imported) - SHADOWED
 
     def resolves(self, parts: list[str]) -> bool:
         for k in range(len(parts), 0, -1):
@@ -203,7 +221,7 @@ def texts(source: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def _ours(raw: str, last_names: set[str]) -> bool:
+def _ours(raw: str, prefixes: set[str]) -> bool:
     """Whether the reference ``raw`` looks like one of ours (the rule above)."""
     name = raw.removesuffix("()").rstrip("/")
     pieces = re.split(r"[./]", name)
@@ -212,7 +230,7 @@ def _ours(raw: str, last_names: set[str]) -> bool:
         return True
     if "/" in name or name.endswith(".py"):
         return False
-    return len(pieces) > 1 and first in last_names
+    return len(pieces) > 1 and first in prefixes
 
 
 def _parts(raw: str) -> list[str]:
@@ -232,7 +250,7 @@ def _parts(raw: str) -> list[str]:
 def check(tree: Tree, path: Path, shown: str) -> list[str]:
     """``path:line: what`` for every offender in one file."""
     source = path.read_text(encoding="utf-8")
-    last_names = tree.last_names()
+    prefixes = tree.prefixes(path)
     out: list[str] = []
     for line, text in texts(source):
         def at(offset: int, line: int = line, text: str = text) -> int:
@@ -240,7 +258,7 @@ def check(tree: Tree, path: Path, shown: str) -> list[str]:
 
         for match in _SPAN.finditer(text):
             raw = match.group(1) or match.group(2)
-            if not _NAME.fullmatch(raw) or raw in EXTERNAL or not _ours(raw, last_names):
+            if not _NAME.fullmatch(raw) or raw in EXTERNAL or not _ours(raw, prefixes):
                 continue
             parts = _parts(raw)
             if not parts or tree.resolves(parts):
@@ -292,6 +310,7 @@ def test_the_checker_flags_a_missing_module_and_an_issue_number(tmp_path: Path) 
         '"""Runs ``stream.choose`` and ``generate.stream.Stream.last``, through\n'
         '``_exec/generate/stream.py`` and ``codeferry._exec.executor.run``; not\n'
         '``_generation`` nor ``_exec/decode.py`` nor ``stream.pick``."""\n\n\n'
+        "from .generate import stream\n\n\n"
         "def run():\n"
         "    x = 1  # see transformers #38476, #1 (vllm #572): theirs; ours: (issue 20), #45\n"
         '    """``_helper`` is here; it used to be elsewhere, and is used to run."""\n'
@@ -301,7 +320,7 @@ def test_the_checker_flags_a_missing_module_and_an_issue_number(tmp_path: Path) 
         "pkg/_exec/executor.py:3: _generation",
         "pkg/_exec/executor.py:3: _exec/decode.py",
         "pkg/_exec/executor.py:3: stream.pick",
-        "pkg/_exec/executor.py:7: issue 20",
-        "pkg/_exec/executor.py:7: #45",
-        "pkg/_exec/executor.py:8: 'used to'",
+        "pkg/_exec/executor.py:10: issue 20",
+        "pkg/_exec/executor.py:10: #45",
+        "pkg/_exec/executor.py:11: 'used to'",
     ]

@@ -29,7 +29,7 @@ refuses any other byte.
 ``revision`` and each ``pin`` are commits (40 hex digits), never a branch: a model named by
 a branch (``main`` by default) is locked at the commit the branch pointed at, and a lock
 whose revision or pin is anything else is refused. ``Lock.check_hub`` has the Hub vouch for
-the files at those commits (``vouch``: ``--verify-hub``).
+the files at those commits (``hubcheck``: ``--verify-hub``).
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ from pathlib import Path
 from ..errors import LockFormatError, LockMismatchError
 from . import digest as _digest
 from .automap import qualified
+from .hubcheck import HubCheck, check_hub
 from .resolve import Bundle
 from .signature import SignatureCheck, check_signature
-from .vouch import HubCheck, check_hub
 
 __all__ = ["FORMAT_VERSION", "Lock", "LockedFile", "LockDiff", "read_lock", "unit_digests"]
 
@@ -222,7 +222,7 @@ class Lock:
     def check_hub(self, bundle: Bundle, *, token: str | bool | None = None,
                   endpoint: str | None = None) -> HubCheck:
         """Raise unless ``bundle`` is exactly the locked code (``check``) and every locked
-        file is what the Hub holds at the locked commits (``vouch``): ``HubMismatchError``
+        file is what the Hub holds at the locked commits (``hubcheck``): ``HubMismatchError``
         lists each file that is not, ``HubUncheckedError`` says the Hub could not be asked
         (offline, no connection, or a lock of a local folder). ``endpoint``: the Hub to ask
         (default ``HF_ENDPOINT``), e.g. huggingface.co while the files came from a mirror."""

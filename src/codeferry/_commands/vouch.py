@@ -17,10 +17,10 @@ from typing import TextIO
 
 from .._code import hub as _hub
 from .._code.digest import is_commit
+from .._code.hubcheck import HubCheck
 from .._code.lockfile import Lock
 from .._code.resolve import Bundle
 from .._code.source import repo_id_of
-from .._code.vouch import HubCheck
 
 __all__ = ["follow_branch", "hub_options", "show_check", "signed"]
 

@@ -2,11 +2,11 @@
 
 codeferry answers transformers at six places: ``get_class_from_dynamic_module`` and
 ``get_class_in_module`` (remote classes, ``install()``; the second is also the gate every
-door ends in, ``_install.gate``), ``GenerationMixin.load_custom_generate`` (the
+door ends in, ``_install.lock_gate``), ``GenerationMixin.load_custom_generate`` (the
 ``custom_generate`` door), ``custom_object_save`` (saving a loaded model's code),
 ``add_generation_mixin_to_remote_model`` (``generate()`` on old remote heads) and
 ``AutoConfig.from_pretrained`` (one ``model_type``, many models); and the gates of
-``_install.gates`` (Hub kernels: ``get_kernel``, ``load_and_register_attn_kernel``,
+``_install.kernel_gates`` (Hub kernels: ``get_kernel``, ``load_and_register_attn_kernel``,
 ``kernelize``, and the models' ``from_pretrained`` that records the caller). Each patch is
 made here, with its original recorded, so that:
 

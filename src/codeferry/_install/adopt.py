@@ -33,7 +33,7 @@ modules define. A receiver then registers the unit under that name too, so the c
 names in the pickle resolve there to exactly one class each. The hook is a wrapper
 around ``get_class_in_module``, the one function every remote class passes through
 (``get_class_from_dynamic_module`` and every Auto class call it). The same wrapper is the
-gate of every door (``gate``): under a lock it executes nothing the lock does not list.
+gate of every door (``lock_gate``): under a lock it executes nothing the lock does not list.
 """
 
 from __future__ import annotations
@@ -45,20 +45,19 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import _load as _api
+from .. import _load
 from .._code.digest import unit_digest
 from .._code.resolve import read_class_refs, resolve
 from .._code.source import locate
 from .._code.unit import Unit
-from .._hf import classes as _transformers
 from .._hf import patches
+from .._hf.classes import hook_auto_factory
 from .._runtime import loader as _loader
 from .._runtime import pickling as _pickling
 from .._trust.decide import locked_files, transformers_ran
 from .._trust.policy import locked
 from ..errors import CodeferryError, LockMismatchError, ModelNotFoundError
-from . import gate as _gate
-from . import gates, watch
+from . import kernel_gates, lock_gate, watch
 
 if TYPE_CHECKING:
     from .._code.lockfile import Lock
@@ -149,7 +148,7 @@ def _answer(
     key = None
     for ref in read_class_refs(origin):
         if (ref.repo, ref.module, ref.name) == (repo, module, name):
-            key = _api.class_key(ref.declared_in, ref.key)
+            key = _load.class_key(ref.declared_in, ref.key)
             break
     if key is None:
         return None  # not a class this model's auto_map names: transformers' business
@@ -158,10 +157,10 @@ def _answer(
     # process used in ``load``: a library's hard-coded trust_remote_code=True is no decision).
     used = locked_files() if _engine_lock is None else None
     if used is not None:
-        _gate.check_bundle(resolve(origin.root if origin.repo_id is None else model,
+        lock_gate.check_bundle(resolve(origin.root if origin.repo_id is None else model,
                                    revision=revision, cache_dir=cache_dir, requirements=False),
                            used, where=None)
-    classes = _api.load(origin.root if origin.repo_id is None else model,
+    classes = _load.load(origin.root if origin.repo_id is None else model,
                         trust_remote_code=True, revision=revision, classes=[key],
                         cache_dir=cache_dir, lock=_engine_lock)
     value: Any = classes[key]
@@ -231,7 +230,7 @@ def _gates_active() -> bool:
 #: The modules whose own attributes codeferry patches (``_patch``): the ``generate()`` hook
 #: of remote models, ``custom_generate`` and the Hub kernel gates.
 WATCHED = ("transformers.models.auto.auto_factory", "transformers.generation.utils",
-           *gates.MODULES)
+           *kernel_gates.MODULES)
 
 
 def _patch(module: Any) -> None:
@@ -239,10 +238,10 @@ def _patch(module: Any) -> None:
     alone: the modules that import it may still be half imported (idempotent)."""
     name = getattr(module, "__name__", "")
     if name == "transformers.models.auto.auto_factory":
-        _transformers.hook_auto_factory(module)
+        hook_auto_factory(module)
     elif name == "transformers.generation.utils":
-        _gate.custom_generate_in(module, lambda: _engine_lock)
-    gates.gate_module(module)
+        lock_gate.custom_generate_in(module, lambda: _engine_lock)
+    kernel_gates.gate_module(module)
 
 
 def _patch_executed() -> None:
@@ -289,7 +288,7 @@ def _hook(dmu: Any = None) -> None:
     with _lock:
         if not patches.patched(dmu, "get_class_from_dynamic_module"):
             _patch_dynamic_modules(dmu)
-        gates.configure(_gates_lock, _gates_active)
+        kernel_gates.configure(_gates_lock, _gates_active)
         _watching = True
         if _watcher is None and not watch.watching(frozenset(WATCHED)):
             _watcher = watch.Watch(frozenset(WATCHED), module_completed)
@@ -311,7 +310,7 @@ def _patch_dynamic_modules(dmu: Any) -> None:
         if allowed is not None:
             where = _engine_lock.read_from if _engine_lock is not None else None
             try:
-                _gate.check_module(module_path, dmu, allowed, where=where)
+                lock_gate.check_module(module_path, dmu, allowed, where=where)
             except CodeferryError as exc:
                 _log_error(class_name, module_path, exc)
                 raise
@@ -324,7 +323,7 @@ def _patch_dynamic_modules(dmu: Any) -> None:
     patches.patch(dmu, "get_class_in_module", get_class_in_module)
 
 
-def on_load(event: _api.Loaded) -> None:
+def on_load(event: _load.Loaded) -> None:
     """After-load callback: later ``from_pretrained(..., trust_remote_code=True)`` of the loaded
     model gets these classes, not a second execution of its files under transformers_modules."""
     answer_for_loaded(event.root)

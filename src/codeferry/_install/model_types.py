@@ -26,7 +26,7 @@ import os
 import threading
 from typing import Any
 
-from .. import _load as _api
+from .. import _load
 from .._code.resolve import resolve
 from .._code.source import locate
 from .._hf import patches
@@ -91,12 +91,12 @@ def _conflict(model: Any, kwargs: dict[str, Any]) -> Any:
             fix=f"load it with its own code: codeferry.load({str(model)!r}, "
             "trust_remote_code=True) (or pass trust_remote_code=True to from_pretrained).",
         )
-    classes = _api.load(model, trust_remote_code=True, revision=revision,
+    classes = _load.load(model, trust_remote_code=True, revision=revision,
                         cache_dir=kwargs.get("cache_dir"))
     return classes.get("AutoConfig")
 
 
-def on_load(event: _api.Loaded) -> None:
+def on_load(event: _load.Loaded) -> None:
     """After-load callback: transformers holds one class per ``model_type``, so the loaded
     model's config class owns it from now on, and no other model's files get that class."""
     config = event.classes.get("AutoConfig")

@@ -30,7 +30,7 @@ def allow(digests: set[str], *, from_lock: bool) -> None:
 
 def allow_files(files: set[tuple[str, str]]) -> None:
     """Record the ``(path, sha256)`` of the files a lock used here lists: what the gate at
-    transformers' own execution of a module (``_install.gate``) compares bytes with."""
+    transformers' own execution of a module (``_install.lock_gate``) compares bytes with."""
     with _lock:
         _files.update(files)
 

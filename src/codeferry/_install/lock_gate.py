@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import _load as _api
+from .. import _load
 from .._code.digest import file_sha256
 from .._code.source import locate
 from .._code.walk import DOORS
@@ -133,7 +133,7 @@ def custom_generate_in(generation: Any, current_lock: Callable[[], Lock | None])
                                trust_remote_code=bool(trust_remote_code), lock=lock)
         target = origin.root if origin.repo_id is None else model
         try:
-            module = _api.load_door(target, _CUSTOM_GENERATE, options)
+            module = _load.load_door(target, _CUSTOM_GENERATE, options)
         except LockMismatchError as exc:
             # a PermissionError, which from_pretrained takes for "no custom generate"
             raise UnlockedCodeError(
