@@ -122,9 +122,8 @@ def render() -> str:
         "<!-- Generated from codeferry's argparse parser by docs/cli_reference.py; do not edit.",
         f"     Regenerate: {REGENERATE} -->",
         "",
-        "Every command and option of `codeferry`, as `codeferry COMMAND --help` prints them"
-        " (every command also takes `-h`, `--help`). What each option does at length: "
-        "[Settings](settings.md).",
+        "Every command and option, as `codeferry COMMAND --help` prints them (every command"
+        " also takes `-h`, `--help`).",
         "",
         "```text",
         _usage(parser),
@@ -138,8 +137,8 @@ def render() -> str:
     out += [f"| [`{name}`](#codeferry-{name}) | {_cell(summary)} |" for name, summary, _ in commands]
     out.append("")
     for name, summary, sub in commands:
-        out += [f"## codeferry {name}", "", _cell(summary.rstrip(".")) + ".", "",
-                "```text", _usage(sub), "```", ""]
+        # the summary is in the table of commands above
+        out += [f"## codeferry {name}", "", "```text", _usage(sub), "```", ""]
         if sub.description:
             out += [_cell(sub.description), ""]
         # argparse's own two groups make one table; a titled group of the command, its own
