@@ -16,15 +16,16 @@ dying while multiprocessing unpickles its arguments (which a pool reports as a b
 
 from __future__ import annotations
 
+import argparse
 import pickle
 import queue
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from .._code.lockfile import Lock
 from .._exec.files import missing_tokenizer
+from .._exec.options import WorkerOptions
 from .._exec.plan import prepare
 from .._exec.workers.checks import check_main_guard
 from .._exec.workers.transport import Event, LocalTransport, Transport
@@ -32,8 +33,17 @@ from .._exec.workers.worker import WorkerSpec
 from .._load import load_pinned
 from .._trust.options import ModelOptions
 from ..errors import CodeferryError, DoctorCheckError, RemoteTraceback, WorkerError
+from .command import Commands, add_command, demo, model_options, show, worker_options
+from .flags import add_common_flags, add_trust_flags, add_worker_flags
+from .keywords import DOCTOR_KEYWORDS, options_of
 
-__all__ = ["StartMethod", "WorkerReport", "DoctorReport", "doctor"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from .keywords import DoctorKeywords
+
+__all__ = ["DoctorReport", "StartMethod", "WorkerReport", "doctor", "doctor_command",
+           "doctor_with", "register"]
 
 StartMethod = Literal["spawn", "forkserver", "fork"]
 
@@ -176,35 +186,32 @@ def _generate_path(model: Any) -> dict[str, str]:
             "reason": f"the decode loop does not work for this model: {failure}"}
 
 
-def doctor(
-    model: str,
-    *,
-    trust_remote_code: bool = False,
-    workers: int = 2,
-    start_method: StartMethod = "spawn",
-    revision: str | None = None,
-    lock: Lock | str | None = None,
-    timeout: float = 300.0,
-    cache_dir: str | None = None,
-    backend: Literal["local", "ray"] = "local",
-    address: str | None = None,
-    token: str | bool | None = None,
-    local_files_only: bool | None = None,
-    code_revision: str | None = None,
-) -> DoctorReport:
+def doctor(model: str, *, timeout: float = 300.0,
+           **options: Unpack[DoctorKeywords]) -> DoctorReport:
     """Load ``model`` here, send its config to ``workers`` fresh workers, report each.
 
-    The workers are the executor's own (``_transport``): local processes of
+    The workers are the executor's own (``_exec.workers.transport``): local processes of
     ``start_method``, or Ray actors (``backend="ray"``), which also report their node and
     how the code reached it. A repo id the cache lacks has its code downloaded first
     (``token``, ``local_files_only`` as for ``load``): the doctor loads classes and
     configs, never weights. Trust is ``_trust.decide``'s, as for ``run``: the bundled demo
     needs neither ``trust_remote_code`` nor a ``lock``. ``code_revision`` as for
-    ``Executor``: that revision's classes build ``revision``'s config.
+    ``Executor``: that revision's classes build ``revision``'s config. ``workers``: 2 when
+    not given; ``timeout`` (seconds) for every worker to report.
     """
+    models, places = options_of("doctor", {"workers": 2, **options}, DOCTOR_KEYWORDS)
+    return doctor_with(model, models, places, timeout)
+
+
+def doctor_with(model: str, options: ModelOptions, places: WorkerOptions,
+                timeout: float = 300.0) -> DoctorReport:
+    """``doctor`` on its options as values: ``doctor`` builds them from its keywords,
+    ``codeferry doctor`` from its flags. Of ``places``, the doctor takes how many workers
+    (2 when ``None``), started how and where."""
     from transformers import AutoConfig
 
-    options = ModelOptions.of(locals())
+    backend, address, start_method = places.backend, places.address, places.start_method
+    workers = places.workers if places.workers is not None else 2
     if backend == "local":
         check_main_guard(start_method)  # a worker would die bootstrapping, with exit code 1
     # configs only: a repo's code is fetched for the doctor, never its weights
@@ -303,3 +310,25 @@ def render_doctor(report: DoctorReport) -> str:
                 lines.append("    " + str(err.__cause__).strip().splitlines()[-1])
     lines.append("ok" if report.ok else "FAILED")
     return "\n".join(lines) + "\n"
+
+
+def doctor_command(args: argparse.Namespace) -> int:
+    """Load a model here and in N fresh workers, and report what each worker saw.
+
+    Executes the model's code here and in every worker: needs --trust-remote-code or
+    --lock (except for the bundled demo).
+    """
+    report = doctor_with(args.model or demo(), model_options(args), worker_options(args))
+    show(args, report.to_json(), render_doctor(report))
+    return 0 if report.ok else 1
+
+
+def register(sub: Commands) -> None:
+    """Add ``doctor`` to the command line."""
+    command = add_command(sub, "doctor", doctor_command, model_help="; the demo's code is "
+                          "trusted by its pinned digest, any other needs --trust-remote-code "
+                          "or --lock)")
+    add_trust_flags(command)
+    add_worker_flags(command, workers=2)
+    command.add_argument("--json", action="store_true", help="print one JSON object")
+    add_common_flags(command)

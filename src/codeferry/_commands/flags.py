@@ -1,8 +1,11 @@
-"""The sampling flags of ``codeferry run``: the defaults of every input that sets none.
+"""The groups of flags that several commands share, each added by one function.
 
-One flag per ``SamplingParams`` field, named as vLLM's (``--temperature``, ``--top-p``...);
-``--max-new-tokens`` (also ``--max-tokens``) is ``max_tokens``. Kept out of ``cli.py`` so
-the command line stays one screen per command.
+Every command with a MODEL takes ``add_common_flags`` (where the model is, last in its
+``--help``); a command that runs the model's code takes ``add_trust_flags``, one that
+starts workers ``add_worker_flags``. ``codeferry run``'s sampling flags
+(``add_sampling_flags``) are the defaults of every input that sets none: one flag per
+``SamplingParams`` field, named as vLLM's (``--temperature``, ``--top-p``...);
+``--max-new-tokens`` (also ``--max-tokens``) is ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -12,7 +15,53 @@ from typing import Any
 
 from .._exec.generate.params import SamplingParams
 
-__all__ = ["add_sampling_flags", "sampling_params"]
+__all__ = ["MODEL_HELP", "add_common_flags", "add_sampling_flags", "add_trust_flags",
+           "add_worker_flags", "sampling_params"]
+
+#: Every subcommand's MODEL: optional, the bundled demo when omitted (one rule for all).
+MODEL_HELP = ("a model folder, or a repo id of the Hugging Face Hub, downloaded unless "
+              "cached or HF_HUB_OFFLINE=1 (default: the bundled demo model")
+
+
+def add_trust_flags(command: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup) -> None:
+    """What the trust decision is made from, for a command that runs the model's code."""
+    command.add_argument("--trust-remote-code", action="store_true",
+                         help="allow the model's code to run here and in the workers")
+    command.add_argument("--lock", metavar="FILE",
+                         help="allow exactly the code this lock file lists")
+
+
+def add_worker_flags(command: argparse.ArgumentParser, *, workers: int | None = None,
+                     workers_help: str | None = None) -> None:
+    """How many workers, started how, where: for a command that starts workers."""
+    command.add_argument("--workers", type=int, default=workers, metavar="N", help=workers_help)
+    command.add_argument("--start-method", choices=["spawn", "forkserver", "fork"],
+                         default="spawn")
+    command.add_argument("--backend", choices=["local", "ray"], default="local",
+                         help="local worker processes, or Ray actors across a cluster "
+                         "(needs `pip install 'codeferry[ray]'`)")
+    command.add_argument("--address", metavar="ADDR",
+                         help="the Ray cluster (--backend ray; default: RAY_ADDRESS, else a "
+                         "local cluster)")
+
+
+def add_common_flags(command: argparse.ArgumentParser) -> None:
+    """Options every subcommand with a MODEL takes, after its own (last in its ``--help``).
+    ``--debug`` is also accepted before the command."""
+    command.add_argument("--revision", help="branch, tag or commit of a repo (default: main)")
+    command.add_argument("--code-revision", metavar="REVISION",
+                         help="the revision whose code runs, as transformers' code_revision: "
+                         "config and weights still come from --revision (default: --revision)")
+    command.add_argument("--cache-dir", metavar="DIR",
+                         help="the Hugging Face hub cache that holds MODEL (default: $HF_HUB_CACHE, "
+                         "else $HF_HOME/hub, else $XDG_CACHE_HOME or ~/.cache, /huggingface/hub)")
+    command.add_argument("--token", metavar="TOKEN",
+                         help="Hugging Face token for a gated or private MODEL (default: $HF_TOKEN, "
+                         "else the saved login)")
+    command.add_argument("--local-files-only", action="store_true",
+                         help="never download: MODEL must be in the hub cache already")
+    command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                         help="show tracebacks")
 
 #: flag -> (SamplingParams field, type, help)
 _FLAGS: dict[str, tuple[str, Any, str]] = {

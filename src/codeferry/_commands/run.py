@@ -1,95 +1,70 @@
 """``codeferry run``: batch inference from an input file to a resumable JSONL output file.
 
-The run reads its input whole (``inputs``), takes the output's lock and checks what is
-already there (``output``), records what produces the output and its inputs (``record``),
-then drains the executor's outcomes into the output in input order with a progress bar
+``run`` takes its options as keywords (``keywords.RunKeywords``) and builds them once into
+values (``ModelOptions``, ``WorkerOptions``, ``RunOptions``); ``codeferry run`` builds the
+same values from its flags (``register``, ``run_command``), and both hand them to
+``run_with``, which runs in stages. It reads its input whole (``inputs``) and plans the
+model once; it takes the output's lock and checks what is already there (``output``),
+records what produces the output and its inputs (``record``), starts the executor, then
+drains its outcomes into the output in input order (``drain``) with a progress bar
 (``progress``), each line as ``lines`` writes it. An outcome that is a fault of the
 machine, not an answer for its input (``faults``), stops the run with ``RunStoppedError``:
 it is never written, and the same command resumes. Every run ends with a summary line on
 stderr (``N written, K failed, in T; X tokens/s``), a terminal or not, and in the record.
 
-``generate`` inputs are requests (``_exec.params.Request``): a prompt or chat messages, with
-per-input sampling parameters over the run's defaults (``params``, the command line's flags).
+``generate`` inputs are requests (``_exec.generate.params.Request``): a prompt or chat
+messages, with per-input sampling parameters over the run's defaults (``params``, the
+command line's flags).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
-import json
 import logging
 import math
 import os
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from .._code.lockfile import Lock
+from .. import _settings
 from .._exec.engines.vllm_engine import choose_engine
-from .._exec.executor import Executor, Outcome
+from .._exec.executor import Executor
 from .._exec.files import may_have_chat_template
-from .._exec.generate.params import Request, SamplingParams
+from .._exec.generate.params import SamplingParams
 from .._exec.layout import cpus, devices, layout
-from .._exec.plan import prepare
+from .._exec.options import WorkerOptions
+from .._exec.plan import Plan, prepare
 from .._trust.options import ModelOptions
-from ..errors import (
-    ChatTemplateMissingError,
-    CodeChangedError,
-    CodeferryError,
-    RunStoppedError,
-    WorkerError,
+from ..errors import ChatTemplateMissingError, SamplingParamsError
+from .command import Commands, UsageError, add_command, demo, model_options, worker_options
+from .drain import drain, outcomes
+from .flags import (
+    add_common_flags,
+    add_sampling_flags,
+    add_trust_flags,
+    add_worker_flags,
+    sampling_params,
 )
-from .faults import machine_fault
 from .inputs import TASKS, InputItem, Task, read_inputs
-from .lines import line as output_line
-from .lines import usage
-from .output import Sink, lock_path
-from .progress import Progress, clock
+from .keywords import RUN_KEYWORDS, RunOptions, options_of, too_small
+from .output import Existing, Sink, lock_path
+from .progress import Progress
 from .record import check_record, producer, record_path, write_record, write_summary
+from .result import RunResult
 
-__all__ = ["TASKS", "InputItem", "RunResult", "lock_path", "read_inputs", "record_path", "run"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from .keywords import RunKeywords
+
+__all__ = ["TASKS", "InputItem", "RunResult", "lock_path", "read_inputs", "record_path",
+           "register", "run", "run_command", "run_with"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class RunResult:
-    """What a run did. ``failed`` counts the error lines of the whole output (this run's and
-    earlier runs'); ``skipped`` the inputs an earlier run had written already (and this run
-    did not run again)."""
-
-    total: int
-    skipped: int = 0
-    written: int = 0
-    failed: int = 0
-    output: str | None = None
-    #: Tokens of this run's prompts and completions (``generate``), and its seconds.
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    seconds: float = 0.0
-
-    @property
-    def complete(self) -> bool:
-        return self.skipped + self.written == self.total
-
-    def summary(self) -> dict[str, Any]:
-        """What the run did, as the record keeps it."""
-        rate = self.completion_tokens / self.seconds if self.seconds > 0 else 0.0
-        return {"total": self.total, "skipped": self.skipped, "written": self.written,
-                "failed": self.failed, "seconds": round(self.seconds, 3),
-                "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens,
-                "tokens_per_second": round(rate, 1)}
-
-    def line(self) -> str:
-        """The closing line on stderr: ``N written, K failed, in T; X tokens/s``."""
-        text = f"{self.written} written, {self.failed} failed, in {clock(self.seconds)}"
-        if self.completion_tokens:
-            return f"{text}; {self.summary()['tokens_per_second']} tokens/s"
-        rate = self.written / self.seconds if self.seconds > 0 else 0.0
-        return f"{text}; {rate:.1f} inputs/s"
 
 
 # -- the run ----------------------------------------------------------------------------
@@ -101,31 +76,8 @@ def run(
     output: str | os.PathLike[str] | None = None,
     *,
     task: Task = "generate",
-    trust_remote_code: bool = False,
-    lock: Lock | str | os.PathLike[str] | None = None,
-    workers: int | None = None,
-    start_method: Literal["spawn", "forkserver", "fork"] = "spawn",
-    batch_size: int | None = None,
-    max_new_tokens: int | None = None,
-    device: str = "cpu",
-    dtype: str | Any | None = None,
-    pooling: str | None = None,
-    revision: str | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    token: str | bool | None = None,
-    local_files_only: bool | None = None,
-    code_revision: str | None = None,
-    progress: bool | None = None,
-    stdout: TextIO | None = None,
-    stderr: TextIO | None = None,
-    force_resume: bool = False,
-    backend: Literal["local", "ray"] = "local",
-    address: str | None = None,
-    retry_errors: bool = False,
-    batch_timeout: float | None = None,
     params: SamplingParams | None = None,
-    chat_template: str | os.PathLike[str] | None = None,
-    engine: Literal["transformers", "vllm", "auto"] = "auto",
+    **options: Unpack[RunKeywords],
 ) -> RunResult:
     """Run ``task`` on every input of ``input_path``; write JSONL to ``output`` (``None``:
     ``stdout``), resuming an output that already holds some ids.
@@ -152,145 +104,251 @@ def run(
     Jinja chat template for chat inputs (default: the model's). ``input_path`` ``"-"``
     reads standard input. The same options as ``codeferry run``; see docs/executor.md.
     """
-    options = ModelOptions.of(locals())
+    models, workers = options_of("run", options, RUN_KEYWORDS)
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
-    if (workers is not None and workers < 1) or (batch_size is not None and batch_size < 1):
+    if too_small(workers=workers.workers, batch_size=workers.batch_size):
         raise ValueError("workers and batch_size must be at least 1")
-    out = sys.stdout if stdout is None else stdout
-    err = sys.stderr if stderr is None else stderr
-    show = err.isatty() if progress is None else progress
-    items = read_inputs(input_path, task)
-    template = _template(chat_template)
-    defaults = _defaults(params, max_new_tokens)
-    # Decided once, before the output is opened; the executor takes the plan as it is.
-    plan = prepare(model, options, tasks=(task,), device=device, dtype=dtype, demo=True,
-                   local_device=backend == "local")
-    if template is None and any(i.request and i.request.messages for i in items) \
-            and not may_have_chat_template(plan.weights.root):
-        raise ChatTemplateMissingError(
-            f"the input has chat messages, and the model's tokenizer has no chat template "
-            f"(no chat_template.jinja, nor a chat_template in tokenizer_config.json in "
-            f"{plan.weights.root}).", path=str(input_path),
-            fix="pass --chat-template FILE (a Jinja template), or send prompts instead.")
+    return run_with(model, input_path, output, task, params, models, workers,
+                    RunOptions.of(options))
 
-    chosen = choose_engine(engine, backend, (task,))[0]
-    pending = ("engine",) if chosen == "auto" else ()  # known once the workers start
 
-    def made(engine_name: str | None) -> dict[str, Any]:
-        return producer(plan.bundle, plan.weights.name, task, max_new_tokens, pooling,
-                        plan.dtype, params=params.set_fields() if params else None,
-                        chat_template=template, engine=engine_name)
+@dataclass(frozen=True)
+class _Inputs:
+    """What the run reads before it decides anything: its inputs and their options."""
 
-    path = None if output is None or str(output) == "-" else Path(output)
-    sink = Sink(path, out)
-    state = sink.open(items, task)  # locked and read; nothing in it changed yet
-    record = None
-    if path is not None and not sink.stream:
-        try:
-            record = check_record(path, made(chosen if chosen != "auto" else None), items,
-                                  state.ids, force_resume, pending=pending)
-            sink.repair(state)
-        except BaseException:
-            sink.close(discard=True)
-            raise
-    retried = state.errors if retry_errors else set()
-    done = state.ids - retried
-    result = RunResult(total=len(items), skipped=len(done), failed=state.failed - len(retried),
-                       output=None if path is None else str(path))
-    remaining = [item for item in items if item.id not in done]
-    if workers is None and chosen != "transformers":
-        workers = 1  # the executor's default: one vLLM engine batches every row itself
-    if workers is None:  # the executor's default (layout.py)
-        workers = layout(plan.device, backend, None, None, cpus=cpus(),
-                         devices=devices(plan.device, backend))[0]
-    bar = Progress(len(remaining), err, enabled=show)
-    started = False  # the workers answer: a run stopped from now on is summarized too
+    path: str | os.PathLike[str]
+    task: Task
+    items: list[InputItem]
+    #: The ``--chat-template`` file's text (``None``: the model's).
+    template: str | None
+    params: SamplingParams | None
+    #: ``params`` over ``max_new_tokens``: what an input that sets nothing is sampled with.
+    defaults: SamplingParams
+    options: RunOptions
+
+
+@dataclass
+class _Opened:
+    """The output, opened (locked, read and checked against its record), and what is left."""
+
+    path: Path | None
+    sink: Sink
+    state: Existing
+    #: The record to write before the first line (``None``: the one there is right).
+    record: dict[str, Any] | None
+    #: The engine the workers get (``choose_engine``); ``auto``: known once they start.
+    engine: str
+    #: The ids of the error lines run again (``retry_errors``).
+    retried: set[Any]
+    result: RunResult
+    remaining: list[InputItem]
+    #: What the record cannot say before the workers start: ``auto``'s engine.
+    pending: tuple[str, ...] = ()
+    #: Whether the workers answered: a run stopped from then on is summarized too.
+    started: bool = False
+
+    @property
+    def checked(self) -> bool:
+        """Whether the output has a record (a file, not a stream)."""
+        return self.path is not None and not self.sink.stream
+
+
+def run_with(model: str | os.PathLike[str], input_path: str | os.PathLike[str],
+             output: str | os.PathLike[str] | None, task: Task, params: SamplingParams | None,
+             models: ModelOptions, workers: WorkerOptions, options: RunOptions) -> RunResult:
+    """``run`` on its options as values, checked already: ``run`` builds them from its
+    keywords, ``codeferry run`` from its flags. The stages: read, plan, open, start, drain,
+    summarize."""
+    err = sys.stderr if options.stderr is None else options.stderr
+    show = err.isatty() if options.progress is None else options.progress
+    inputs = _read(input_path, task, params, options)
+    plan = _plan(model, inputs, models, workers)
+    opened = _open(output, plan, inputs, workers)
+    count = _workers(plan, workers, opened.engine)
+    bar = Progress(len(opened.remaining), err, enabled=show)
     try:
-        if not remaining:
-            sink.close()
-            _summarize(result, path, sink, err)
-            return result
-        size = batch_size or max(1, min(8, math.ceil(len(remaining) / max(1, workers))))
-        count = max(1, min(workers, math.ceil(len(remaining) / size)))
-        cores = os.cpu_count() or 1
-        if backend == "local" and count > cores:
-            err.write(f"codeferry: warning: {count} workers on {cores} core"
-                      f"{'s' if cores > 1 else ''}: the extra ones only take turns (and "
-                      f"memory), no faster; pass --workers {cores}.\n")
-            err.flush()
-        if result.skipped:
-            bar.note(f"resuming: {result.skipped} of {result.total} already in {path}")
-        how = "Ray actors" if backend == "ray" else start_method
-        bar.message(f"starting {count} worker{'s' if count > 1 else ''} ({how})...")
-        try:
-            if path is not None and record is not None:
-                write_record(path, record)
-            # The plan checked above: workers verify they run exactly its digest.
-            executor = Executor(plan, workers=count, start_method=start_method,
-                                batch_size=batch_size, backend=backend, address=address,
-                                batch_timeout=batch_timeout, engine=engine)
-        except BaseException:
-            sink.close(discard=True)
-            if path is not None and record is not None and not path.exists():
-                with contextlib.suppress(OSError):
-                    record_path(path).unlink()
-            raise
+        if not opened.remaining:
+            opened.sink.close()
+            _summarize(opened, err)
+            return opened.result
+        executor, size = _start(plan, opened, workers, count, bar, err)
         with executor:
             try:
-                if pending and path is not None and not sink.stream:
-                    # auto's engine, now known: checked against the record, then recorded
-                    ran = {i.get("engine", "transformers") for i in executor.worker_info}
-                    late = check_record(path, made("vllm" if "vllm" in ran else "transformers"),
-                                        items, state.ids, force_resume)
-                    if late is not None:
-                        write_record(path, late)
-                if retried:
-                    sink.rewrite([item.id for item in items], state)
-                if task == "generate":
-                    info = executor.worker_info[0]
-                    text = (f"generating by {info.get('generate_path')} batching "
-                            f"({info.get('generate_reason')})")
-                    logger.info("codeferry run: %s", text)
-                    bar.note(text)
-                bar.start()
-                started = True
-                outcomes = _outcomes(executor, task, remaining, batch_size, defaults, pooling,
-                                     template)
-                _drain(outcomes, remaining, task, sink, bar, result, size, plan.weights.name)
+                _drain(executor, plan, inputs, opened, workers, bar, size)
             except BaseException:
                 # The run is abandoned: stop now, rather than wait (as leaving the block does)
                 # for batches whose results nothing will write.
                 executor.close()
                 raise
-        sink.close()
+        opened.sink.close()
     except BaseException as exc:
         bar.finish()  # off the screen before the error (or the interruption) is printed
-        if started:
-            result.seconds = time.monotonic() - bar.started
+        if opened.started:
+            opened.result.seconds = time.monotonic() - bar.started
             with contextlib.suppress(Exception):
-                _summarize(result, path, sink, err)
+                _summarize(opened, err)
         if not isinstance(exc, KeyboardInterrupt):
             raise
-        if path is not None and not sink.stream:
-            err.write(f"codeferry: interrupted after writing {result.skipped + result.written} "
-                      f"of {result.total} outputs to {path}; run the same command again to "
-                      "resume.\n")
+        if opened.checked:
+            err.write(f"codeferry: interrupted after writing "
+                      f"{opened.result.skipped + opened.result.written} of {opened.result.total} "
+                      f"outputs to {opened.path}; run the same command again to resume.\n")
         raise
     finally:
-        sink.close()
+        opened.sink.close()
     bar.finish()
-    result.seconds = time.monotonic() - bar.started
-    _summarize(result, path, sink, err)
-    return result
+    opened.result.seconds = time.monotonic() - bar.started
+    _summarize(opened, err)
+    return opened.result
 
 
-def _summarize(result: RunResult, path: Path | None, sink: Sink, err: TextIO) -> None:
-    """The closing line on stderr, in every mode, and the summary in the record."""
-    err.write(result.line() + "\n")
-    err.flush()
+def _read(input_path: str | os.PathLike[str], task: Task, params: SamplingParams | None,
+          options: RunOptions) -> _Inputs:
+    """The first stage: the inputs read whole and checked, the chat template read, the
+    sampling defaults made."""
+    items = read_inputs(input_path, task)
+    template = _template(options.chat_template)
+    return _Inputs(input_path, task, items, template, params,
+                   _defaults(params, options.max_new_tokens), options)
+
+
+def _plan(model: str | os.PathLike[str], inputs: _Inputs, models: ModelOptions,
+          workers: WorkerOptions) -> Plan:
+    """The model, its code, the trust decision, the device and dtype, decided once, before
+    the output is opened: the executor takes the plan as it is. Chat inputs need a chat
+    template: the model's, or ``--chat-template``'s."""
+    plan = prepare(model, models, tasks=(inputs.task,), device=workers.device,
+                   dtype=workers.dtype, demo=True, local_device=workers.backend == "local")
+    if inputs.template is None and any(i.request and i.request.messages for i in inputs.items) \
+            and not may_have_chat_template(plan.weights.root):
+        raise ChatTemplateMissingError(
+            f"the input has chat messages, and the model's tokenizer has no chat template "
+            f"(no chat_template.jinja, nor a chat_template in tokenizer_config.json in "
+            f"{plan.weights.root}).", path=str(inputs.path),
+            fix="pass --chat-template FILE (a Jinja template), or send prompts instead.")
+    return plan
+
+
+def _producer(plan: Plan, inputs: _Inputs, engine: str | None) -> dict[str, Any]:
+    """What produces the output's lines, as its record keeps it (``record.producer``)."""
+    params = inputs.params.set_fields() if inputs.params else None
+    return producer(plan.bundle, plan.weights.name, inputs.task, inputs.options.max_new_tokens,
+                    inputs.options.pooling, plan.dtype, params=params,
+                    chat_template=inputs.template, engine=engine)
+
+
+def _open(output: str | os.PathLike[str] | None, plan: Plan, inputs: _Inputs,
+          workers: WorkerOptions) -> _Opened:
+    """The output locked and read, checked against its record (what produced it) and
+    repaired; nothing in it changed yet. What it holds already is skipped, its error lines
+    too unless ``retry_errors``."""
+    options = inputs.options
+    engine = choose_engine(workers.engine, workers.backend, (inputs.task,))[0]
+    pending = ("engine",) if engine == "auto" else ()  # known once the workers start
+    path = None if output is None or str(output) == "-" else Path(output)
+    sink = Sink(path, sys.stdout if options.stdout is None else options.stdout)
+    state = sink.open(inputs.items, inputs.task)  # locked and read; nothing in it changed yet
+    record = None
     if path is not None and not sink.stream:
-        write_summary(path, result.summary())
+        try:
+            made = _producer(plan, inputs, None if pending else engine)
+            record = check_record(path, made, inputs.items, state.ids, options.force_resume,
+                                  pending=pending)
+            sink.repair(state)
+        except BaseException:
+            sink.close(discard=True)
+            raise
+    retried = state.errors if options.retry_errors else set()
+    done = state.ids - retried
+    result = RunResult(total=len(inputs.items), skipped=len(done),
+                       failed=state.failed - len(retried),
+                       output=None if path is None else str(path))
+    remaining = [item for item in inputs.items if item.id not in done]
+    return _Opened(path, sink, state, record, engine, retried, result, remaining, pending)
+
+
+def _workers(plan: Plan, workers: WorkerOptions, engine: str) -> int:
+    """The workers asked for, else the executor's default (``layout``): one vLLM engine
+    batches every row itself."""
+    if workers.workers is not None:
+        return workers.workers
+    if engine != "transformers":
+        return 1
+    return layout(plan.device, workers.backend, None, None, cpus=cpus(),
+                  devices=devices(plan.device, workers.backend))[0]
+
+
+def _start(plan: Plan, opened: _Opened, workers: WorkerOptions, count: int, bar: Progress,
+           err: TextIO) -> tuple[Executor, int]:
+    """The record written and the executor started on the plan (its workers verify they
+    run exactly its digest), no more workers than batches; with the inputs per batch the
+    output is synced after. A failed start leaves the output as it was."""
+    remaining = opened.remaining
+    size = workers.batch_size or max(1, min(8, math.ceil(len(remaining) / max(1, count))))
+    count = max(1, min(count, math.ceil(len(remaining) / size)))
+    cores = os.cpu_count() or 1
+    if workers.backend == "local" and count > cores:
+        err.write(f"codeferry: warning: {count} workers on {cores} core"
+                  f"{'s' if cores > 1 else ''}: the extra ones only take turns (and "
+                  f"memory), no faster; pass --workers {cores}.\n")
+        err.flush()
+    if opened.result.skipped:
+        bar.note(f"resuming: {opened.result.skipped} of {opened.result.total} already in "
+                 f"{opened.path}")
+    how = "Ray actors" if workers.backend == "ray" else workers.start_method
+    bar.message(f"starting {count} worker{'s' if count > 1 else ''} ({how})...")
+    path, record = opened.path, opened.record
+    try:
+        if path is not None and record is not None:
+            write_record(path, record)
+        keywords = {**workers.keywords(), "workers": count}
+        return Executor(plan, **keywords), size
+    except BaseException:
+        opened.sink.close(discard=True)
+        if path is not None and record is not None and not path.exists():
+            with contextlib.suppress(OSError):
+                record_path(path).unlink()
+        raise
+
+
+def _drain(executor: Executor, plan: Plan, inputs: _Inputs, opened: _Opened,
+           workers: WorkerOptions, bar: Progress, size: int) -> None:
+    """With the workers up: ``auto``'s engine, now known, checked against the record and
+    recorded; the output rewritten for ``retry_errors``; then every outcome into the output
+    in input order (``drain``), synced every ``size`` lines; batches of ``batch_size``
+    when given, else planned by tokens."""
+    path, sink = opened.path, opened.sink
+    if opened.pending and path is not None and not sink.stream:
+        ran = {i.get("engine", "transformers") for i in executor.worker_info}
+        late = check_record(path, _producer(plan, inputs, "vllm" if "vllm" in ran
+                                            else "transformers"),
+                            inputs.items, opened.state.ids, inputs.options.force_resume)
+        if late is not None:
+            write_record(path, late)
+    if opened.retried:
+        sink.rewrite([item.id for item in inputs.items], opened.state)
+    if inputs.task == "generate":
+        info = executor.worker_info[0]
+        text = (f"generating by {info.get('generate_path')} batching "
+                f"({info.get('generate_reason')})")
+        logger.info("codeferry run: %s", text)
+        bar.note(text)
+    bar.start()
+    opened.started = True
+    found = outcomes(executor, inputs.task, opened.remaining, workers.batch_size,
+                     inputs.defaults, inputs.options.pooling, inputs.template)
+    drain(found, opened.remaining, inputs.task, sink, bar, opened.result, size,
+          plan.weights.name)
+
+
+def _summarize(opened: _Opened, err: TextIO) -> None:
+    """The last stage: the closing line on stderr, in every mode, and the summary in the
+    record."""
+    err.write(opened.result.line() + "\n")
+    err.flush()
+    if opened.path is not None and not opened.sink.stream:
+        write_summary(opened.path, opened.result.summary())
 
 
 def _template(chat_template: str | os.PathLike[str] | None) -> str | None:
@@ -312,87 +370,117 @@ def _defaults(params: SamplingParams | None, max_new_tokens: int | None) -> Samp
     return base if params is None else params.over(base)
 
 
-def _outcomes(executor: Executor, task: Task, items: list[InputItem], size: int | None,
-              defaults: SamplingParams, pooling: str | None,
-              template: str | None) -> Iterator[Outcome]:
-    """``size``: the user's fixed batch size; ``None`` lets the executor plan by tokens."""
-    texts = [i.text for i in items]
-    if task == "generate":
-        requests = [i.request or Request(prompt=i.text) for i in items]
-        return executor.complete_iter(requests, defaults, batch_size=size,
-                                       chat_template=template)
-    if task == "embed":
-        return executor.embed_iter(texts, pooling=pooling or "mean", batch_size=size)
-    return executor.score_iter(texts, batch_size=size)
+# -- the command line --------------------------------------------------------------------
 
 
-def _drain(outcomes: Iterator[Outcome], remaining: list[InputItem], task: Task, sink: Sink,
-           bar: Progress, result: RunResult, size: int, model: str) -> None:
-    """Write outcomes (any order) in input order, each as soon as those before it are out.
+def run_command(args: argparse.Namespace) -> int:
+    """Run a model on every line of a file (generate, embed or score) into resumable JSONL.
 
-    A fault of the machine at input k stops the run: what comes before k is still written
-    as it arrives, nothing from k on; then ``RunStoppedError``.
+    Batch inference on worker processes. Input: JSONL objects with an "id" and a
+    "prompt" (or "text"), or plain text lines (id: the line number). Output: one JSON
+    line per input, in input order; rerunning with the same --output resumes (and
+    --retry-errors runs the error lines again). A fault of the machine (a broken
+    executor, changed code, a batch timeout) stops the run, never written as a line: the
+    same command resumes. With no arguments, runs the bundled demo model on its prompts
+    and prints JSONL. Exit 0: every input has a result; 1: some failed (error lines) or an
+    error; 2: usage.
     """
-    waiting: dict[int, tuple[bytes, bool]] = {}
-    following = 0
-    stop: tuple[int, BaseException] | None = None
+    params = _checked_flags(args)
+    inputs, output = _paths(args)
+    # The workers' "Loading weights" bars would garble ours (and clutter logs).
+    _settings.quiet_hub_progress()
     try:
-        while True:
-            try:
-                outcome = next(outcomes)
-            except StopIteration:
-                break
-            except (WorkerError, CodeChangedError) as exc:  # the scheduler itself is gone
-                if stop is None or following < stop[0]:
-                    stop = (following, exc)
-                break
-            bar.advance()
-            fault = None if outcome.error is None else machine_fault(outcome.error)
-            if fault is not None and (stop is None or outcome.index < stop[0]):
-                stop = (outcome.index, fault)
-            elif fault is None and (stop is None or outcome.index < stop[0]):
-                waiting[outcome.index] = output_line(remaining[outcome.index], task, outcome.value,
-                                                     outcome.error, model)
-                prompt, completion = usage(task, outcome.value)
-                result.prompt_tokens += prompt
-                result.completion_tokens += completion
-            end = len(remaining) if stop is None else stop[0]
-            if following < end and following in waiting:
-                # stdout may be the bar's terminal: the lines go above the bar, drawn again
-                with bar.printing() if sink.fd is None else contextlib.nullcontext():
-                    while following < end and following in waiting:
-                        line, failed = waiting.pop(following)
-                        sink.write(line, remaining[following].id)
-                        result.written += 1
-                        result.failed += failed
-                        following += 1
-                sink.sync(size)
-            if stop is not None and following == stop[0]:
-                break
-    finally:
-        close = getattr(outcomes, "close", None)
-        if close is not None:
-            close()  # what has not been sent is cancelled
-    if stop is not None:
-        raise _stopped(remaining[stop[0]], stop[1], result, sink)
+        result = run_with(args.model or demo(), inputs, output, args.task, params,
+                          model_options(args), worker_options(args), RunOptions.of(vars(args)))
+    except BrokenPipeError:  # `codeferry run | head`: the reader left; stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    return 0 if result.failed == 0 else 1
 
 
-def _stopped(item: InputItem, fault: BaseException, result: RunResult,
-             sink: Sink) -> RunStoppedError:
-    what = fault.message if isinstance(fault, CodeferryError) else str(fault)
-    where = "stdout" if sink.path is None else str(sink.path)
-    fix = fault.fix if isinstance(fault, CodeferryError) and fault.fix else ""
-    error = RunStoppedError(
-        f"the run stopped at input {json.dumps(item.id)} (line {item.line} of the input): "
-        f"{type(fault).__name__}: {what.rstrip('.')}. That is a fault of "
-        f"{'how the run was started' if isinstance(fault, ChatTemplateMissingError) else 'the machine'}"
-        f", not an answer for the input, so none of it was written: {where} holds "
-        f"{result.skipped + result.written} of {result.total} lines.",
-        path=None if sink.path is None else str(sink.path),
-        written=result.skipped + result.written, total=result.total,
-        output=None if sink.path is None or sink.stream else str(sink.path), stopped_at=item.id,
-        fix=(f"{fix.rstrip('.')}; then " if fix else "")
-        + ("rerun the same command: it resumes at that input." if sink.path is not None
-           and not sink.stream else "rerun it (with --output FILE a run resumes)."))
-    error.__cause__ = fault
-    return error
+def _checked_flags(args: argparse.Namespace) -> SamplingParams | None:
+    """The sampling flags as ``SamplingParams``, once every flag is checked (``UsageError``:
+    a flag its task does not take, a count below 1, a timeout not above 0)."""
+    try:
+        params = sampling_params(args)
+    except SamplingParamsError as exc:
+        raise UsageError(f"--{exc.field.replace('_', '-')}: {exc}") from None
+    if (params is not None or args.chat_template) and args.task != "generate":
+        raise UsageError("sampling flags and --chat-template apply to --task generate only")
+    if args.pooling is not None and args.task != "embed":
+        raise UsageError("--pooling applies to --task embed only")
+    if args.max_new_tokens is not None and args.task != "generate":
+        raise UsageError("--max-new-tokens applies to --task generate only")
+    small = too_small(workers=args.workers, batch_size=args.batch_size,
+                      max_new_tokens=args.max_new_tokens)
+    if small is not None:
+        raise UsageError(f"--{small[0].replace('_', '-')} must be at least 1, got {small[1]}")
+    if args.batch_timeout is not None and not args.batch_timeout > 0:
+        raise UsageError(f"--batch-timeout must be more than 0 seconds, got {args.batch_timeout}")
+    return params
+
+
+def _paths(args: argparse.Namespace) -> tuple[Path, str]:
+    """``--input`` (the demo's prompts without a MODEL) and ``--output`` (``-``: stdout),
+    checked: an output that is a folder, or the input itself, is refused."""
+    if args.input is None and args.model is not None:
+        raise UsageError("--input FILE is required with a MODEL (without MODEL, the bundled "
+                         "demo runs on its own prompts)")
+    inputs = Path(args.input) if args.input else Path(demo()) / "prompts.txt"
+    output = args.output or "-"
+    if output != "-":
+        target = Path(output)
+        if target.is_dir():
+            raise UsageError(f"--output {output} is a folder: name a file")
+        if (target.exists() and args.input != "-" and inputs.exists()
+                and os.path.samefile(target, inputs)):
+            raise UsageError(f"--output {output} is the input file: name another file")
+    return inputs, output
+
+
+def register(sub: Commands) -> None:
+    """Add ``run`` to the command line."""
+    command = add_command(sub, "run", run_command, model_help=", whose code is trusted by "
+                          "its pinned digest; then --input defaults to its prompts)")
+    command.add_argument("--input", metavar="FILE",
+                         help="JSONL (OpenAI batch lines too) or plain text, one input per line; "
+                         "- reads stdin (needed with a MODEL; default: the demo's prompts.txt)")
+    command.add_argument("-o", "--output", metavar="FILE",
+                         help="JSONL results; an existing file is resumed (default: stdout)")
+    add_trust_flags(command.add_mutually_exclusive_group())
+    command.add_argument("--task", choices=["generate", "embed", "score"], default="generate")
+    add_worker_flags(command, workers_help="worker processes (default: 2 on CPU, 1 on a 1-core "
+                     "machine, one per GPU; never more than batches)")
+    command.add_argument("--batch-size", type=int, metavar="B",
+                         help="inputs per batch (default: 8, fewer to give every worker a batch)")
+    command.add_argument("--max-new-tokens", "--max-tokens", type=int, metavar="K",
+                         help="most tokens to generate per input (--task generate; default: the "
+                         "model's generation_config, else 16)")
+    command.add_argument("--device", default="cpu", metavar="D",
+                         help="cpu, cuda (one GPU per worker, round robin), cuda:N... "
+                         "(default: cpu)")
+    command.add_argument("--dtype", choices=["float32", "float16", "bfloat16", "float64"],
+                         help="weights dtype (default: the model's)")
+    command.add_argument("--pooling", choices=["mean", "cls", "last"],
+                         help="how token vectors become one embedding (--task embed; default: "
+                         "mean)")
+    command.add_argument("--force-resume", action="store_true",
+                         help="resume an --output that another model, code digest, task option "
+                         "or dtype produced (OUTPUT.codeferry.json records what did; a mismatch "
+                         "is refused without this flag; so is an input edited under ids "
+                         "already answered, or an output without its record)")
+    command.add_argument("--retry-errors", action="store_true",
+                         help="run the inputs of the output's error lines again (the output is "
+                         "rewritten whole, each id once, in input order, and renamed into place)")
+    command.add_argument("--batch-timeout", type=float, metavar="SECONDS",
+                         help="a worker whose batch runs longer is killed and replaced, the "
+                         "batch retried; a batch that times out every attempt stops the run "
+                         "(default: none)")
+    command.add_argument("--engine", choices=["transformers", "vllm", "auto"], default="auto",
+                         help="what generates in each worker: auto (the default: vLLM where it "
+                         "is installed and runs the model, the model's transformers code "
+                         "otherwise, the reason printed), transformers, or vllm (a model vLLM "
+                         "cannot run fails at start-up); see docs/executor.md")
+    add_sampling_flags(command)
+    add_common_flags(command)

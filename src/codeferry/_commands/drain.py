@@ -1,0 +1,117 @@
+"""The run's last stage: the executor's outcomes into the output, in input order.
+
+Outcomes arrive in any order; each line is written as soon as those before it are out. An
+outcome that is a fault of the machine, not an answer for its input (``faults``), stops the
+run: nothing from its input on is written, and ``RunStoppedError`` says how to resume.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+
+from .._exec.executor import Executor, Outcome
+from .._exec.generate.params import Request, SamplingParams
+from ..errors import (
+    ChatTemplateMissingError,
+    CodeChangedError,
+    CodeferryError,
+    RunStoppedError,
+    WorkerError,
+)
+from .faults import machine_fault
+from .inputs import InputItem, Task
+from .lines import line as output_line
+from .lines import usage
+from .output import Sink
+from .progress import Progress
+from .result import RunResult
+
+__all__ = ["drain", "outcomes"]
+
+
+def outcomes(executor: Executor, task: Task, items: list[InputItem], size: int | None,
+              defaults: SamplingParams, pooling: str | None,
+              template: str | None) -> Iterator[Outcome]:
+    """``size``: the user's fixed batch size; ``None`` lets the executor plan by tokens."""
+    texts = [i.text for i in items]
+    if task == "generate":
+        requests = [i.request or Request(prompt=i.text) for i in items]
+        return executor.complete_iter(requests, defaults, batch_size=size,
+                                       chat_template=template)
+    if task == "embed":
+        return executor.embed_iter(texts, pooling=pooling or "mean", batch_size=size)
+    return executor.score_iter(texts, batch_size=size)
+
+
+def drain(outcomes: Iterator[Outcome], remaining: list[InputItem], task: Task, sink: Sink,
+           bar: Progress, result: RunResult, size: int, model: str) -> None:
+    """Write outcomes (any order) in input order, each as soon as those before it are out.
+
+    A fault of the machine at input k stops the run: what comes before k is still written
+    as it arrives, nothing from k on; then ``RunStoppedError``.
+    """
+    waiting: dict[int, tuple[bytes, bool]] = {}
+    following = 0
+    stop: tuple[int, BaseException] | None = None
+    try:
+        while True:
+            try:
+                outcome = next(outcomes)
+            except StopIteration:
+                break
+            except (WorkerError, CodeChangedError) as exc:  # the scheduler itself is gone
+                if stop is None or following < stop[0]:
+                    stop = (following, exc)
+                break
+            bar.advance()
+            fault = None if outcome.error is None else machine_fault(outcome.error)
+            if fault is not None and (stop is None or outcome.index < stop[0]):
+                stop = (outcome.index, fault)
+            elif fault is None and (stop is None or outcome.index < stop[0]):
+                waiting[outcome.index] = output_line(remaining[outcome.index], task, outcome.value,
+                                                     outcome.error, model)
+                prompt, completion = usage(task, outcome.value)
+                result.prompt_tokens += prompt
+                result.completion_tokens += completion
+            end = len(remaining) if stop is None else stop[0]
+            if following < end and following in waiting:
+                # stdout may be the bar's terminal: the lines go above the bar, drawn again
+                with bar.printing() if sink.fd is None else contextlib.nullcontext():
+                    while following < end and following in waiting:
+                        line, failed = waiting.pop(following)
+                        sink.write(line, remaining[following].id)
+                        result.written += 1
+                        result.failed += failed
+                        following += 1
+                sink.sync(size)
+            if stop is not None and following == stop[0]:
+                break
+    finally:
+        close = getattr(outcomes, "close", None)
+        if close is not None:
+            close()  # what has not been sent is cancelled
+    if stop is not None:
+        raise _stopped(remaining[stop[0]], stop[1], result, sink)
+
+
+def _stopped(item: InputItem, fault: BaseException, result: RunResult,
+             sink: Sink) -> RunStoppedError:
+    what = fault.message if isinstance(fault, CodeferryError) else str(fault)
+    where = "stdout" if sink.path is None else str(sink.path)
+    fix = fault.fix if isinstance(fault, CodeferryError) and fault.fix else ""
+    error = RunStoppedError(
+        f"the run stopped at input {json.dumps(item.id)} (line {item.line} of the input): "
+        f"{type(fault).__name__}: {what.rstrip('.')}. That is a fault of "
+        f"{'how the run was started' if isinstance(fault, ChatTemplateMissingError) else 'the machine'}"
+        f", not an answer for the input, so none of it was written: {where} holds "
+        f"{result.skipped + result.written} of {result.total} lines.",
+        path=None if sink.path is None else str(sink.path),
+        written=result.skipped + result.written, total=result.total,
+        output=None if sink.path is None or sink.stream else str(sink.path), stopped_at=item.id,
+        fix=(f"{fix.rstrip('.')}; then " if fix else "")
+        + ("rerun the same command: it resumes at that input." if sink.path is not None
+           and not sink.stream else "rerun it (with --output FILE a run resumes)."))
+    error.__cause__ = fault
+    return error
