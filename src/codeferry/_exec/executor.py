@@ -7,7 +7,7 @@
     generate/embed/score(inputs)          each loads and verifies the model's code
       │ split into batches                 itself, builds the model, serves batches
       ▼
-    _scheduler.Scheduler ── _transport ──▶  (request_id, kind, payload)
+    scheduler.Scheduler ─── transport ───▶  (request_id, Work): Complete|Embed|Score|Rpc
       one manager thread owns every      ◀──  (request_id, "ok"|"error", ...), or death
       batch, attempt and outcome
 
@@ -21,20 +21,23 @@ batch raises or runs past ``batch_timeout``: every input gets exactly one outcom
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any, Literal, overload
+from typing import Any, overload
 
-from .. import _settings
 from .._code.lockfile import Lock
 from .._runtime.loader import units_of
 from .._trust.decide import record
 from .._trust.options import ModelOptions
 from .batching import batch_limits, estimate_tokens, fixed_batches, grouped_batches, plan_batches
+from .engines.base import Complete, Embed, Rpc, Score, Work
+from .engines.spec import EngineChoice
 from .engines.vllm_engine import choose_engine
 from .generate.params import GenerateResult, Request, SamplingParams
 from .layout import cpus, device_for, devices, layout
+from .options import Backend, EngineName, GeneratePath, StartMethod, WorkerOptions
 from .plan import Plan, prepare
 from .scheduler import STREAM_DEPTH, Batch, Call, Outcome, Scheduler
 from .workers.checks import check_main_guard
@@ -45,9 +48,6 @@ __all__ = ["Executor", "Outcome"]
 
 Params = SamplingParams | Sequence[SamplingParams] | None
 Conversation = Sequence[Mapping[str, Any]]
-
-StartMethod = Literal["spawn", "forkserver", "fork"]
-Backend = Literal["local", "ray"]
 
 #: Inputs sorted by length together: a stream's outputs are held back at most this many.
 BATCH_WINDOW = 1024
@@ -131,7 +131,7 @@ class Executor:
         revision: str | None = None,
         batch_size: int | None = None,
         max_batch_tokens: int | None = None,
-        generate_path: Literal["auto", "decode", "continuous", "batched"] = "auto",
+        generate_path: GeneratePath = "auto",
         max_retries: int = 2,
         threads_per_worker: int | None = None,
         preload: Sequence[str] = ("generate",),
@@ -146,28 +146,30 @@ class Executor:
         token: str | bool | None = None,
         local_files_only: bool | None = None,
         code_revision: str | None = None,
-        engine: Literal["transformers", "vllm", "auto"] = "auto",
+        engine: EngineName = "auto",
         engine_options: dict[str, Any] | None = None,
     ) -> None:
-        options = ModelOptions.of(locals())
-        if generate_path not in ("auto", "decode", "continuous", "batched"):
-            raise ValueError(f"generate_path must be 'auto', 'decode', 'continuous' or 'batched', "
-                             f"got {generate_path!r}")
-        if backend == "local":
+        self._open(model, ModelOptions.of(locals()), WorkerOptions.of(locals()),
+                   tuple(preload), digest)
+
+    def _open(self, model: str | os.PathLike[str] | Plan, options: ModelOptions,
+              worker: WorkerOptions, preload: tuple[str, ...], digest: str | None) -> None:
+        """Decide on the model (or take the ``Plan``), lay the workers out, start them."""
+        if worker.backend == "local":
             # Mistakes a worker would only report as an exit code: refused here, typed.
-            check_main_guard("spawn" if warm else start_method)  # the zygote is spawned
+            check_main_guard("spawn" if worker.warm else worker.start_method)  # the zygote is spawned
         #: The engine the workers get, and why (``choose_engine``); one vLLM engine batches
         #: every row itself, on every core: one worker unless told otherwise.
         self.engine, self.engine_reason = choose_engine(
-            engine, backend, model.tasks if isinstance(model, Plan) else preload)
-        workers = 1 if workers is None and self.engine != "transformers" else workers
+            worker.engine, worker.backend, model.tasks if isinstance(model, Plan) else preload)
+        count = 1 if worker.workers is None and self.engine != "transformers" else worker.workers
         plan = model if isinstance(model, Plan) else prepare(
-            model, options, tasks=preload, device=device, dtype=dtype, digest=digest,
-            local_device=backend == "local")
-        bundle, decision, device, dtype = plan.bundle, plan.decision, plan.device, plan.dtype
-        workers, threads = layout(device, backend, workers, threads_per_worker,
-                                  cpus=cpus(), devices=devices(device, backend),
-                                  ray_cpus=(ray_resources or {}).get("num_cpus", 1))
+            model, options, tasks=preload, device=worker.device, dtype=worker.dtype,
+            digest=digest, local_device=worker.backend == "local")
+        bundle, decision, device = plan.bundle, plan.decision, plan.device
+        count, threads = layout(device, worker.backend, count, worker.threads_per_worker,
+                                cpus=cpus(), devices=devices(device, worker.backend),
+                                ray_cpus=(worker.ray_resources or {}).get("num_cpus", 1))
         if decision.lock is not None:
             # The parent unpickles its workers' replies (results, errors of classes the
             # model defines): it must refuse what its workers would refuse, from now on,
@@ -178,34 +180,35 @@ class Executor:
         #: The code decided on here; every worker, and every replacement, runs exactly it.
         self.digest = bundle.digest
         #: A fixed count per batch, in input order; ``None``: batches planned by tokens.
-        self.batch_size = batch_size
-        #: Padded tokens and rows per planned batch (the device's defaults: ``_batching``).
-        self.max_batch_tokens, self.max_batch_size = batch_limits(device, max_batch_tokens)
-        self.max_retries = max_retries
-        self.startup_timeout = startup_timeout
-        self.batch_timeout = batch_timeout
-        self.warm = warm
-        self.backend = backend
+        self.batch_size = worker.batch_size
+        #: Padded tokens and rows per planned batch (the device's defaults: ``batching``).
+        self.max_batch_tokens, self.max_batch_size = batch_limits(device, worker.max_batch_tokens)
+        self.max_retries = worker.max_retries
+        self.startup_timeout = worker.startup_timeout
+        self.batch_timeout = worker.batch_timeout
+        self.warm = worker.warm
+        self.backend = worker.backend
+        choice = EngineChoice(self.engine, worker.generate_path,
+                              tuple((worker.engine_options or {}).items()))
         specs = [
             WorkerSpec(self.model, plan.for_workers(),
-                       device if backend == "ray" else device_for(device, slot), dtype, threads,
-                       plan.tasks, self.digest, generate_path, code=plan.code_folder,
-                       engine=self.engine, engine_options=tuple((engine_options or {}).items()),
-                       sharing=workers)
-            for slot in range(workers)
+                       device if worker.backend == "ray" else device_for(device, slot),
+                       plan.dtype, threads, plan.tasks, self.digest, choice,
+                       code=plan.code_folder, sharing=count)
+            for slot in range(count)
         ]
         transport: Transport
-        if backend == "ray":
+        if worker.backend == "ray":
             from .workers.ray_backend import RayTransport
 
             transport = RayTransport(plan.bundle, weights=plan.separate_weights,
-                                     address=address, resources=ray_resources)
-        elif backend == "local":
-            transport = LocalTransport(start_method, warm=warm)
+                                     address=worker.address,
+                                     resources=dict(worker.ray_resources or {}))
         else:
-            raise ValueError(f"unknown backend {backend!r}: use 'local' or 'ray'")
-        self._scheduler = Scheduler(transport, specs, max_retries=max_retries,
-                                    startup_timeout=startup_timeout, batch_timeout=batch_timeout)
+            transport = LocalTransport(worker.start_method, warm=worker.warm)
+        self._scheduler = Scheduler(transport, specs, max_retries=worker.max_retries,
+                                    startup_timeout=worker.startup_timeout,
+                                    batch_timeout=worker.batch_timeout)
         self._closed = False
         self._scheduler.start()
 
@@ -261,25 +264,26 @@ class Executor:
         if self._closed:
             raise RuntimeError("this executor is closed")
 
-    def _batches(self, kind: str, inputs: Sequence[Any], extra: dict[str, Any],
-                 batch_size: int | None, call: Call | None = None) -> list[Batch]:
+    def _batches(self, work: Work, inputs: Sequence[Any], batch_size: int | None,
+                 call: Call | None = None, shown: Sequence[Any] | None = None) -> list[Batch]:
         """A fixed ``batch_size``: consecutive batches of that many. Otherwise inputs of
         similar length, within windows of ``BATCH_WINDOW``, ``max_batch_tokens`` padded
-        tokens a batch (generate counts the new tokens of every row), cut into batches of
-        about equal cost, a multiple of workers x ``PIPELINE`` (``_batching``): each worker
-        runs one while the next waits in its queue, so fewer would leave a worker idle."""
+        tokens a batch (generation counts the new tokens of every row), cut into batches of
+        about equal cost, a multiple of workers x ``PIPELINE`` (``batching``): each worker
+        runs one while the next waits in its queue, so fewer would leave a worker idle.
+        Each batch carries ``work`` for its own inputs; ``shown``: the inputs as the caller
+        gave them, which a failed batch's error names (``inputs``: what the worker gets)."""
         size = batch_size or self.batch_size
-        if kind == "complete":
-            plan = grouped_batches(inputs, extra["defaults"], size, self._plan, BATCH_WINDOW)
+        if isinstance(work, Complete):
+            plan = grouped_batches(inputs, work.defaults, size, self._plan, BATCH_WINDOW)
         elif size:
             plan = fixed_batches(len(inputs), size)
         else:
-            new = int(extra.get("options", {}).get("max_new_tokens") or _settings.DEFAULT_MAX_NEW_TOKENS)
-            lengths = [estimate_tokens(x) + (new if kind == "generate" else 0) for x in inputs]
-            plan = self._plan(lengths, generating=kind == "generate")
+            plan = self._plan([estimate_tokens(x) for x in inputs], generating=False)
         owner = call or Call(len(inputs))  # (no call: only the plan is looked at)
-        return [Batch(kind, indices, {"texts": [inputs[i] for i in indices], **extra},
-                      [inputs[i] for i in indices], owner) for indices in plan]
+        named = inputs if shown is None else shown
+        return [Batch(indices, _part(work, [inputs[i] for i in indices]),
+                      [named[i] for i in indices], owner) for indices in plan]
 
     def _plan(self, lengths: Sequence[int], *, generating: bool = True) -> list[list[int]]:
         budget, spread = self.max_batch_tokens, len(self._scheduler.specs) * PIPELINE
@@ -307,31 +311,41 @@ class Executor:
         return bool(info) and all(i.get("generate_path") in ("decode", "vllm") and
                                   (not streams or i.get("streams")) for i in info)
 
-    def _submit(self, kind: str, inputs: Sequence[Any], extra: dict[str, Any],
-                batch_size: int | None, *, stream: bool) -> Call:
+    def _submit(self, work: Work, inputs: Sequence[Any], batch_size: int | None, *,
+                stream: bool, shown: Sequence[Any] | None = None) -> Call:
         self._check_open()
         call = Call(len(inputs), stream=stream)
-        self._scheduler.submit(self._batches(kind, inputs, extra, batch_size, call))
+        self._scheduler.submit(self._batches(work, inputs, batch_size, call, shown))
         return call
 
-    def _iterate(self, kind: str, inputs: Sequence[Any], extra: dict[str, Any],
-                 batch_size: int | None) -> Iterator[Outcome]:
-        return self._scheduler.iterate(self._submit(kind, inputs, extra, batch_size, stream=True))
+    def _iterate(self, work: Work, inputs: Sequence[Any], batch_size: int | None,
+                 shown: Sequence[Any] | None = None) -> Iterator[Outcome]:
+        return self._scheduler.iterate(self._submit(work, inputs, batch_size, stream=True,
+                                                    shown=shown))
 
     def _result(self, call: Call) -> list[Any]:
         return call.future.result()
 
     # -- the API --------------------------------------------------------------------------
 
+    def _plain(self, prompts: Sequence[str], options: Mapping[str, Any]) -> tuple[Complete, list[Request]]:
+        """A ``generate`` without ``params``: its ``model.generate`` keywords as the call's
+        parameters (``SamplingParams.from_generate_options``), plain strings back."""
+        temperature = next((i["temperature"] for i in self._scheduler.info()
+                            if i.get("temperature") is not None), None)
+        params = SamplingParams.from_generate_options(options, temperature)
+        return Complete((), params, texts=True), [Request(prompt=p) for p in prompts]
+
     def generate_iter(self, prompts: Sequence[str], params: Params = None, *,
                       batch_size: int | None = None, **options: Any) -> Iterator[Outcome]:
         """``generate``'s results as they complete (any order); see ``Outcome``. Work starts
         at once; closing the iterator early cancels what has not been sent."""
         if params is None:
-            return self._iterate("generate", prompts, {"options": options}, batch_size)
+            work, requests = self._plain(prompts, options)
+            return self._iterate(work, requests, batch_size, shown=prompts)
         _no_options(options)
         return self.complete_iter([Request(prompt=p) for p in prompts], params,
-                                   batch_size=batch_size)
+                                  batch_size=batch_size)
 
     @overload
     def generate(self, prompts: Sequence[str], params: None = None, *,
@@ -348,14 +362,20 @@ class Executor:
         With ``params`` (one ``SamplingParams`` for all, or one per prompt, as vLLM's
         ``LLM.generate``): a ``GenerateResult`` per prompt (text, finish reason, token
         counts, logprobs), unset parameters taken from the model's ``generation_config``.
-        Without: today's plain strings, ``options`` passed to ``model.generate`` as they
-        are (sampling as the model's ``generation_config`` says; greedy when it says nothing).
+        Without: plain strings, ``options`` in ``model.generate``'s words (``max_new_tokens``,
+        ``min_new_tokens``, ``do_sample``, ``temperature``, ``top_p``, ``top_k``, ``min_p``,
+        ``repetition_penalty``), the same request underneath
+        (``SamplingParams.from_generate_options``); another keyword raises
+        ``SamplingParamsError``. Sampling as the model's ``generation_config`` says when
+        neither ``do_sample`` nor ``temperature`` is given (greedy when it says nothing).
         """
         if params is None:
-            return self._result(self._submit("generate", prompts, {"options": options},
-                                             batch_size, stream=False))
+            work, requests = self._plain(prompts, options)
+            return self._result(self._submit(work, requests, batch_size, stream=False,
+                                             shown=prompts))
         _no_options(options)
-        return self._complete([Request(prompt=p) for p in prompts], params, batch_size)
+        return self.complete([Request(prompt=p) for p in prompts], params,
+                             batch_size=batch_size)
 
     def chat(self, messages: Conversation | Sequence[Conversation], params: Params = None, *,
              chat_template: str | None = None, add_generation_prompt: bool = True,
@@ -364,10 +384,10 @@ class Executor:
         conversation or a list of them), rendered by the model's chat template
         (``chat_template``: a Jinja template instead). ``params`` as for ``generate``."""
         conversations = _conversations(messages)
-        return self._complete([Request(messages=tuple(c),
-                                       add_generation_prompt=add_generation_prompt)
-                               for c in conversations], params, batch_size,
-                              chat_template=chat_template)
+        return self.complete([Request(messages=tuple(c),
+                                      add_generation_prompt=add_generation_prompt)
+                              for c in conversations], params, batch_size=batch_size,
+                             chat_template=chat_template)
 
     def _requests(self, requests: Sequence[Request], params: Params) -> list[Request]:
         """Each request with its own parameters: ``params`` one for all, or one each."""
@@ -379,38 +399,40 @@ class Executor:
         return [Request(r.prompt, r.messages, p, r.add_generation_prompt, r.template_kwargs)
                 for r, p in zip(requests, params, strict=True)]
 
-    def complete_iter(self, requests: Sequence[Request], params: Params, *,
-                       batch_size: int | None = None,
-                       chat_template: str | None = None) -> Iterator[Outcome]:
-        """``GenerateResult`` outcomes of ``Request`` values; a single ``params`` is the
-        default of every request that leaves a field unset (``run``'s flags)."""
+    def complete_iter(self, requests: Sequence[Request], params: Params = None, *,
+                      batch_size: int | None = None,
+                      chat_template: str | None = None) -> Iterator[Outcome]:
+        """``complete``'s results as they come (any order; see ``Outcome``)."""
         defaults = params if isinstance(params, SamplingParams) else None
-        return self._iterate("complete", self._requests(requests, params),
-                             {"defaults": defaults, "chat_template": chat_template}, batch_size)
+        return self._iterate(Complete((), defaults, chat_template),
+                             self._requests(requests, params), batch_size)
 
-    def _complete(self, requests: Sequence[Request], params: Params, batch_size: int | None,
-                  *, chat_template: str | None = None) -> list[GenerateResult]:
+    def complete(self, requests: Sequence[Request], params: Params = None, *,
+                 batch_size: int | None = None,
+                 chat_template: str | None = None) -> list[GenerateResult]:
+        """A ``GenerateResult`` per ``Request`` (a prompt or chat messages, each with its own
+        ``SamplingParams`` or none); a single ``params`` is the default of every request
+        that leaves a field unset (``run``'s flags), a sequence one per request."""
         defaults = params if isinstance(params, SamplingParams) else None
-        return self._result(self._submit(
-            "complete", self._requests(requests, params),
-            {"defaults": defaults, "chat_template": chat_template}, batch_size, stream=False))
+        return self._result(self._submit(Complete((), defaults, chat_template),
+                                         self._requests(requests, params), batch_size,
+                                         stream=False))
 
     def embed_iter(self, texts: Sequence[str], *, pooling: str = "mean",
                    batch_size: int | None = None) -> Iterator[Outcome]:
-        return self._iterate("embed", texts, {"pooling": pooling}, batch_size)
+        return self._iterate(Embed((), pooling), texts, batch_size)
 
     def embed(self, texts: Sequence[str], *, pooling: str = "mean",
               batch_size: int | None = None) -> list[list[float]]:
         """One vector per text: ``mean`` (attention-masked), ``cls`` or ``last`` pooling."""
-        return self._result(self._submit("embed", texts, {"pooling": pooling}, batch_size,
-                                         stream=False))
+        return self._result(self._submit(Embed((), pooling), texts, batch_size, stream=False))
 
     def score_iter(self, texts: Sequence[str], *, batch_size: int | None = None) -> Iterator[Outcome]:
-        return self._iterate("score", texts, {}, batch_size)
+        return self._iterate(Score(()), texts, batch_size)
 
     def score(self, texts: Sequence[str], *, batch_size: int | None = None) -> list[dict[str, Any]]:
         """Per text: ``tokens``, ``token_logprobs`` (of each token after the first), ``logprob``."""
-        return self._result(self._submit("score", texts, {}, batch_size, stream=False))
+        return self._result(self._submit(Score(()), texts, batch_size, stream=False))
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         """Run ``fn(worker, *args, **kwargs)`` on one free worker; a ``Future`` of its result.
@@ -423,7 +445,7 @@ class Executor:
         """
         self._check_open()
         call = Call(1)
-        self._scheduler.submit([Batch("rpc", [0], (fn, args, kwargs), [args], call,
+        self._scheduler.submit([Batch([0], Rpc(fn, args, kwargs), [args], call,
                                       final_errors=True)])
         outer: Future[Any] = Future()
 
@@ -464,9 +486,18 @@ class Executor:
         """
         self._check_open()
         calls = [Call(1) for _ in self._scheduler.specs]
-        self._scheduler.submit([Batch("rpc", [0], (func, args, kwargs), [], call, slot=slot)
+        self._scheduler.submit([Batch([0], Rpc(func, args, kwargs), [], call, slot=slot)
                                 for slot, call in enumerate(calls)])
         return [call.future.result()[0] for call in calls]
+
+
+def _part(work: Work, inputs: list[Any]) -> Work:
+    """``work`` for one batch of its inputs."""
+    if isinstance(work, Complete):
+        return dataclasses.replace(work, requests=inputs)
+    if isinstance(work, (Embed, Score)):
+        return dataclasses.replace(work, texts=inputs)
+    return work
 
 
 def _no_options(options: dict[str, Any]) -> None:

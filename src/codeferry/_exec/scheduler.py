@@ -44,6 +44,7 @@ from ..errors import (
     WorkerError,
     WorkerStartupError,
 )
+from .engines.base import Rpc, Work
 from .workers.transport import Channel, Event, Transport
 from .workers.worker import WorkerSpec
 
@@ -110,9 +111,9 @@ class Call:
 
 @dataclass
 class Batch:
-    kind: str
+    #: The inputs' positions in the call, and the work the worker does for them.
     indices: list[int]
-    payload: Any
+    payload: Work
     inputs: list[Any]
     call: Call
     #: Only this worker may run it (``collective_rpc``); never retried elsewhere.
@@ -435,12 +436,12 @@ class Scheduler:
                 if not slot.queue:
                     slot.since = now
                 slot.queue.append((request, batch))
-                slot.channel.send(request, batch.kind, batch.packed)
+                slot.channel.send(request, batch.packed)
 
     # -- outcomes ------------------------------------------------------------------------
 
     def _succeed(self, batch: Batch, values: Any) -> None:
-        if batch.kind == "rpc":
+        if isinstance(batch.payload, Rpc):
             batch.call.deliver(Outcome(batch.indices[0], values))
             return
         for index, value in zip(batch.indices, values, strict=True):
@@ -451,7 +452,7 @@ class Scheduler:
         if not final and batch.attempts <= self.max_retries and not self.failure:
             self._pending.appendleft(batch)
             return
-        if batch.kind == "rpc":
+        if isinstance(batch.payload, Rpc):
             self._finish(batch, error)
             return
         times = "once (not retried)" if final else f"{batch.attempts} times"

@@ -23,7 +23,6 @@ from codeferry._exec.generate.decode import (
     RowOptions,
     blocks,
     decode,
-    row_options,
     rows_for,
     supports,
 )
@@ -129,14 +128,6 @@ def test_sampling_follows_each_rows_seed(model: Any) -> None:
     assert first != greedy  # it samples
     top1 = [RowOptions(10, do_sample=True, top_k=1, seed=i) for i in range(len(batch))]
     assert decode(model, batch, top1, pad_token_id=0, max_rows=4) == greedy
-
-
-def test_row_options_from_generate_options_and_the_models_defaults(model: Any) -> None:
-    config = model.generation_config
-    assert row_options({"max_new_tokens": 5}, config) == RowOptions(5, (EOS,))
-    assert row_options({"max_new_tokens": 5, "do_sample": True, "top_k": 3, "seed": 9},
-                       config) == RowOptions(5, (EOS,), do_sample=True, top_k=3, seed=9)
-    assert row_options({"num_beams": 2}, config) is None  # generate does what it does not
 
 
 def test_a_sliding_window_model_is_refused_with_the_reason() -> None:

@@ -209,13 +209,13 @@ def test_auto_on_an_accelerator_takes_the_decode_loop_and_never_continuous_batch
     from codeferry._exec.generate.stream import choose
 
     model = AutoModelForCausalLM.from_pretrained(llama).eval()
-    path, why = choose(model, "auto", "cuda", 2) or ("", "")
+    path, why = choose(model, "auto", "cuda", 2)
     assert path == "decode" and "codeferry's attention" not in why  # CPU's attention only
-    assert choose(model, "continuous", "cuda", 2) is None  # asked: generation decides
+    assert choose(model, "batched", "cuda", 2) == ("batched", "asked for (generate_path='batched')")
     with pytest.raises(ValueError, match=r"stream\.choose decides 'auto'"):
         choose_path(model, "auto", 2)  # never the way auto reaches continuous batching
     windowed = MistralForCausalLM(MistralConfig(
         vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
         num_attention_heads=2, num_key_value_heads=2, head_dim=32, sliding_window=4)).eval()
-    path, why = choose(windowed, "auto", "cuda", 0) or ("", "")
+    path, why = choose(windowed, "auto", "cuda", 0)
     assert path == "batched" and why.startswith("the decode loop does not work for this model")

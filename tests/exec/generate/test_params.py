@@ -94,3 +94,19 @@ def test_a_stop_string_ends_the_text_before_its_first_occurrence(text: str,
     else:
         assert text[len(cut):].startswith(which)
         assert not any(s in cut for s in stop)  # no stop string ends earlier
+
+
+def test_generate_keywords_map_onto_sampling_params() -> None:
+    """``Executor.generate`` without ``params`` sends the same request as with them: its
+    ``model.generate`` keywords mean these parameters, as ``generate`` reads them."""
+    from_options = SamplingParams.from_generate_options
+    assert from_options({}) == SamplingParams()
+    assert from_options({"max_new_tokens": 5, "min_new_tokens": 2, "pad_token_id": 0}) == \
+        SamplingParams(max_tokens=5, min_tokens=2)
+    assert from_options({"do_sample": False, "temperature": 0.7}).temperature == 0.0
+    assert from_options({"do_sample": True, "top_k": 3}, 0.6) == SamplingParams(temperature=0.6,
+                                                                                top_k=3)
+    assert from_options({"do_sample": True}, None).temperature == 1.0  # transformers' default
+    assert from_options({"do_sample": True, "temperature": 0.3}, 0.6).temperature == 0.3
+    with pytest.raises(SamplingParamsError, match="'num_beams' is not one the executor takes"):
+        from_options({"num_beams": 2})

@@ -1,14 +1,19 @@
 """transformers as an executor worker's engine (the default): the model's own modeling code,
-built on first use of each kind of request, generating on the path ``stream.choose`` or
-``generation.choose_path`` picks (the decode loop, continuous batching or ``generate``).
-``vllm_engine`` is the other engine; ``worker.build_engine`` picks between them."""
+built on first use of each kind of request, generating on the path ``stream.choose`` picks
+(the decode loop, continuous batching or ``generate``). ``vllm_engine`` is the other
+engine; ``workers.worker.build_engine`` picks between them; ``base.Engine`` is what both
+answer.
+"""
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ... import _settings
+from ..generate.params import GenerateResult, Request, SamplingParams
+from .base import Complete
 from .spec import WorkerSpec
 
 __all__ = ["TransformersEngine"]
@@ -30,7 +35,7 @@ class TransformersEngine:
         #: Linear layers packed for oneDNN, per model (``packing.py``; CPU only).
         self.packed: dict[str, int] = {}
         self._accepted: dict[int, tuple[set[str], bool]] = {}
-        #: (path, why) once the generate model is built: see ``_generation.choose_path``.
+        #: (path, why) once the generate model is built: see ``stream.choose``.
         self.generate_path: tuple[str, str] | None = None
         #: ``config=`` for ``from_pretrained`` when the code is another revision's: ``model``'s
         #: config built by the loaded config class, so that transformers neither reads the
@@ -87,7 +92,7 @@ class TransformersEngine:
     def adopt(self, kind: str, model: Any) -> None:
         """Serve ``kind`` with ``model`` (built by ``model_for``, or by the doctor from the
         config): on the device, in eval mode; for ``generate`` the path it takes
-        (``generation.choose_path``, which needs the tokenizer's pad token)."""
+        (``stream.choose``, which needs the tokenizer's pad token)."""
         key = "AutoModel" if kind == "embed" else "AutoModelForCausalLM"
         self.models[key] = model.to(self.spec.device).eval()
         if self.spec.device.split(":")[0] == "cpu" and _settings.cpu_pack_enabled():
@@ -95,22 +100,21 @@ class TransformersEngine:
 
             self.packed[key] = pack_linears(self.models[key], sharing=self.spec.sharing)
         if kind == "generate":
-            from ..generate.generation import choose_path
             from ..generate.stream import choose
 
-            # engine (issue 20): the decode loop first, where it is taken (stream.choose).
-            requested = self.spec.generate_path
-            self.generate_path = choose(self.models[key], requested, self.spec.device,
-                                        self.tokenizer.pad_token_id) or choose_path(
-                self.models[key], requested, self.tokenizer.pad_token_id)
+            self.generate_path = choose(self.models[key], self.spec.engine.generate_path,
+                                        self.spec.device, self.tokenizer.pad_token_id)
 
     def info(self) -> dict[str, Any]:
         """What the ready message tells the parent: classes, and how ``generate`` runs."""
         path, why = self.generate_path or (None, "generate is not preloaded")
+        model = self.models.get("AutoModelForCausalLM")
+        temperature = getattr(getattr(model, "generation_config", None), "temperature", None)
         return {"classes": sorted(self.classes), "generate_path": path, "generate_reason": why,
-                "packed_linears": sum(self.packed.values()), "engine": "transformers"}
+                "packed_linears": sum(self.packed.values()), "engine": "transformers",
+                "temperature": temperature}
 
-    def _encode(self, texts: list[str], *, left: bool, model: Any) -> tuple[Any, Any]:
+    def _encode(self, texts: Sequence[str], *, left: bool, model: Any) -> tuple[Any, Any]:
         """Model inputs (only those ``forward`` takes), and the attention mask."""
         self.tokenizer.padding_side = "left" if left else "right"
         enc = self.tokenizer(texts, return_tensors="pt", padding=True)
@@ -130,20 +134,6 @@ class TransformersEngine:
         """The generate model's ``generation_config``: the defaults requests resolve over."""
         return self.model_for("generate").generation_config
 
-    def defaults(self, options: dict[str, Any]) -> dict[str, Any]:
-        """A ``generate`` batch's options with this worker's defaults (``generate_options``)."""
-        return self.generate_options(self.model_for("generate"), options)
-
-    def generate_options(self, model: Any, options: dict[str, Any]) -> dict[str, Any]:
-        """A request's ``generate`` options with the worker's defaults: sampling or not as
-        the model's generation_config says (transformers' default: greedy), unless the caller
-        says (the continuous path asks which), the new-token limit, the pad token."""
-        options = {"do_sample": bool(model.generation_config.do_sample),
-                   "max_new_tokens": _settings.DEFAULT_MAX_NEW_TOKENS, **options}
-        if self.tokenizer.pad_token_id is not None:
-            options.setdefault("pad_token_id", self.tokenizer.pad_token_id)
-        return options
-
     def stream(self) -> Any:
         """A ``stream.Stream`` when this worker generates with the decode loop, else ``None``."""
         if self.generate_path is None or self.generate_path[0] != "decode":
@@ -152,44 +142,21 @@ class TransformersEngine:
 
         return Stream(self.model_for("generate"), self.tokenizer)
 
-    def generate(self, texts: list[str], options: dict[str, Any]) -> list[str]:
-        import torch
-
-        from ..generate.generation import (
-            continuous_supports,
-            generate_continuous,
-            lighter_min_new_tokens,
-        )
-
-        model = self.model_for("generate")
-        options = self.generate_options(model, options)
-        assert self.generate_path is not None  # set when the model was built
-        if self.generate_path[0] == "decode":  # engine (issue 20): decode.py's loop
-            from ..generate.stream import generate as decode_generate
-
-            texts_out = decode_generate(model, self.tokenizer, texts, options)
-            if texts_out is not None:
-                return texts_out
-        if self.generate_path[0] == "continuous" and continuous_supports(options):
-            ids = self.tokenizer(texts)["input_ids"]  # unpadded: it pages, it does not pad
-            rows = generate_continuous(model, ids, options, model.generation_config.eos_token_id)
-            return [str(self.tokenizer.decode(row, skip_special_tokens=True)) for row in rows]
-        enc, _ = self._encode(texts, left=True, model=model)
-        options = lighter_min_new_tokens(options, enc["input_ids"].shape[1],
-                                         model.generation_config)
-        with torch.inference_mode():
-            out = model.generate(**enc, **options)
-        new = out[:, enc["input_ids"].shape[1]:]
-        return [str(self.tokenizer.decode(row, skip_special_tokens=True)) for row in new]
-
-    def complete(self, requests: list[Any], defaults: Any, chat_template: str | None,
-                 planned: Any = None) -> list[Any]:
-        """``Request`` values -> ``GenerateResult`` values: see ``complete``."""
+    def complete(self, work: Complete, planned: Any = None) -> list[GenerateResult]:
+        """``work``'s ``GenerateResult`` values: see ``generate.complete``."""
         from ..generate.complete import complete
 
-        return complete(self, requests, defaults, chat_template, planned)
+        return complete(self, work.requests, work.defaults, work.chat_template, planned)
 
-    def embed(self, texts: list[str], pooling: str) -> list[list[float]]:
+    def generate(self, texts: Sequence[str], options: Mapping[str, Any] | None = None) -> list[str]:
+        """Plain texts for ``texts``, ``options`` as ``Executor.generate``'s keywords: for a
+        function sent to the worker (``Executor.submit``)."""
+        config = self.generation_config()
+        params = SamplingParams.from_generate_options(options or {}, config.temperature)
+        work = Complete([Request(prompt=t) for t in texts], params, texts=True)
+        return work.answer(self.complete(work))
+
+    def embed(self, texts: Sequence[str], pooling: str) -> list[list[float]]:
         import torch
 
         model = self.model_for("embed")
@@ -208,7 +175,7 @@ class TransformersEngine:
             raise ValueError(f"unknown pooling {pooling!r}: use 'mean', 'cls' or 'last'")
         return [row.float().tolist() for row in pooled]
 
-    def score(self, texts: list[str]) -> list[dict[str, Any]]:
+    def score(self, texts: Sequence[str]) -> list[dict[str, Any]]:
         import torch
 
         model = self.model_for("score")

@@ -9,7 +9,21 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..._trust.options import ModelOptions
 
-__all__ = ["WorkerSpec"]
+__all__ = ["EngineChoice", "WorkerSpec"]
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """Which engine a worker builds, and how it generates."""
+
+    #: ``transformers``, ``vllm`` or ``auto`` (vLLM, else transformers with the reason):
+    #: see ``workers.worker.build_engine`` (the parent resolved ``auto`` when vLLM is not
+    #: installed).
+    name: str = "transformers"
+    #: ``auto``, ``decode``, ``continuous`` or ``batched``: see ``stream.choose``.
+    generate_path: str = "auto"
+    #: Keyword arguments of ``vllm.LLM`` for the vLLM engine (``Executor(engine_options=)``).
+    vllm_options: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -28,15 +42,7 @@ class WorkerSpec:
     #: The digest the parent checked: the worker runs exactly this code or fails with
     #: ``CodeChangedError`` (``None``: whatever the trust or lock allows).
     digest: str | None = None
-    #: ``auto``, ``decode``, ``continuous`` or ``batched``: see ``stream.choose`` and
-    #: ``generation.choose_path``.
-    generate_path: str = "auto"
-    #: ``transformers``, ``vllm`` or ``auto`` (vLLM, else transformers with the reason):
-    #: which engine generates (``build_engine``; the parent resolved ``auto`` when vLLM is
-    #: not installed).
-    engine: str = "transformers"
-    #: Keyword arguments of ``vllm.LLM`` for the vLLM engine (``Executor(engine_options=)``).
-    engine_options: tuple[tuple[str, Any], ...] = ()
+    engine: EngineChoice = EngineChoice()
     #: ``False``: load and verify every class strictly, build nothing (``codeferry doctor``).
     serve: bool = True
     #: The folder of the code when it is another revision's than ``model``'s

@@ -28,30 +28,22 @@ from __future__ import annotations
 import shutil
 import tempfile
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ... import _settings
-from ...errors import EngineRefusedError, ExtraMissingError, SamplingParamsError
+from ...errors import EngineRefusedError, ExtraMissingError
 from ..generate.complete import Planned, plan
-from ..generate.params import Request, Resolved, SamplingParams
+from ..generate.params import GenerateResult, Request, Resolved, SamplingParams
+from .base import Complete
 
 __all__ = ["VllmEngine", "VllmStream", "auto_engine", "choose_engine", "half_without_kernels",
            "sampling", "vllm_version"]
 
-#: ``model.generate`` options a ``generate`` call without ``params`` may pass to this engine,
-#: and the ``SamplingParams`` field each becomes.
-_OPTIONS = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens",
-            "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-            "repetition_penalty": "repetition_penalty"}
 #: vLLM's ``enforce_eager`` unless ``engine_options`` says: no compiled graphs. Measured
 #: (docs/benchmarks.md): a start-up of about 16 s instead of 40-70 s, about 15% less speed.
 EAGER = True
-#: Options that say nothing to vLLM (the pad token of a batch it does not pad).
-_IGNORED = ("pad_token_id",)
-
-
 def vllm_version() -> str | None:
     """vLLM's version when it can be imported here, else ``None``."""
     from importlib import metadata
@@ -161,29 +153,6 @@ def sampling(resolved: Resolved, ends: list[int]) -> Any:
         detokenize=bool(resolved.stop), output_kind=RequestOutputKind.FINAL_ONLY)
 
 
-def params_of(options: dict[str, Any], generation_config: Any) -> SamplingParams:
-    """A ``generate`` call's ``model.generate`` options as ``SamplingParams``; an option this
-    engine does not take raises ``SamplingParamsError`` naming it."""
-    fields: dict[str, Any] = {}
-    for name, value in options.items():
-        if name in _IGNORED:
-            continue
-        if name == "do_sample":
-            continue
-        if name not in _OPTIONS:
-            raise SamplingParamsError(
-                f"generate option {name!r} is not one the vLLM engine takes.", field=name,
-                fix=f"use {', '.join(sorted(_OPTIONS))} or do_sample, pass SamplingParams "
-                "(generate(prompts, params)), or use engine='transformers'.")
-        fields[_OPTIONS[name]] = value
-    sample = options.get("do_sample")
-    if sample is False:
-        fields["temperature"] = 0.0
-    elif sample and fields.get("temperature") is None:
-        fields["temperature"] = float(getattr(generation_config, "temperature", None) or 1.0)
-    return SamplingParams(**fields)
-
-
 def _logprobs(tokenizer: Any, tokens: list[int], steps: Any, top: int) -> list[dict[str, Any]]:
     """vLLM's logprobs (per step, token id -> ``Logprob`` with its rank) as ``complete``
     writes them: the chosen token's, and the ``top`` most likely, best first."""
@@ -275,7 +244,7 @@ class VllmEngine:
             self.llm = LLM(**{"model": spec.model, "revision": options.revision,
                               "trust_remote_code": bool(bundle.files),
                               "dtype": spec.dtype or _saved_dtype(spec.model), "seed": 0,
-                              "enforce_eager": EAGER, **dict(spec.engine_options)})
+                              "enforce_eager": EAGER, **dict(spec.engine.vllm_options)})
         except Exception as exc:
             raise EngineRefusedError(
                 f"vLLM {version} could not run {Path(spec.model).name}: {_why(exc)}.",
@@ -290,39 +259,36 @@ class VllmEngine:
     def info(self) -> dict[str, Any]:
         path, why = self.generate_path
         return {"classes": sorted(self.classes), "generate_path": path, "generate_reason": why,
-                "packed_linears": 0, "engine": "vllm"}
+                "packed_linears": 0, "engine": "vllm",
+                "temperature": getattr(self.config, "temperature", None)}
 
     def generation_config(self) -> Any:
         return self.config
 
-    def defaults(self, options: dict[str, Any]) -> dict[str, Any]:
-        return options
-
     def stream(self) -> VllmStream:
         return VllmStream(self)
 
-    def generate(self, texts: list[str], options: dict[str, Any]) -> list[str]:
-        return self._alone(lambda s, r: s.take(r, texts, options))  # type: ignore[no-any-return]
-
-    def complete(self, requests: list[Any], defaults: Any, chat_template: str | None,
-                 planned: Any = None) -> list[Any]:
-        return self._alone(  # type: ignore[no-any-return]
-            lambda s, r: s.take_complete(r, self, requests, defaults, chat_template))
-
-    def _alone(self, take: Any) -> Any:
-        """One request on a stream of its own, run to its end (the Ray actor's way)."""
+    def complete(self, work: Complete, planned: Any = None) -> list[GenerateResult]:
+        """One batch on a stream of its own, run to its end (the Ray actor's way)."""
         stream = VllmStream(self)
-        take(stream, 0)
+        stream.take(0, self, work)
         while True:
             for _, ok, value in stream.step():
                 if not ok:
                     raise value
-                return value
+                return value  # type: ignore[no-any-return]
 
-    def embed(self, texts: list[str], pooling: str) -> Any:
+    def generate(self, texts: Sequence[str], options: Mapping[str, Any] | None = None) -> list[str]:
+        """Plain texts for ``texts``, ``options`` as ``Executor.generate``'s keywords: for a
+        function sent to the worker (``Executor.submit``)."""
+        params = SamplingParams.from_generate_options(options or {}, self.config.temperature)
+        work = Complete([Request(prompt=t) for t in texts], params, texts=True)
+        return work.answer(self.complete(work))
+
+    def embed(self, texts: Sequence[str], pooling: str) -> list[list[float]]:
         raise self._refused("embed")
 
-    def score(self, texts: list[str]) -> Any:
+    def score(self, texts: Sequence[str]) -> list[dict[str, Any]]:
         raise self._refused("score")
 
     def _refused(self, kind: str) -> EngineRefusedError:
@@ -330,7 +296,7 @@ class VllmEngine:
         Transformers backend rewrites a remote model class in place (its compile decorator on
         ``__init__``), so the class no longer builds outside vLLM in this process."""
         return EngineRefusedError(
-            f"this worker generates with vLLM (engine={self.spec.engine!r}), which does not "
+            f"this worker generates with vLLM (engine={self.spec.engine.name!r}), which does not "
             f"{kind}; transformers cannot build the model in the same process.", engine="vllm",
             fix=f"use an Executor with engine='transformers' (or preload=('{kind}',), which "
             f"auto gives transformers) for {kind}; `codeferry run --task {kind}` does this.")
@@ -344,30 +310,24 @@ class VllmStream:
         self.llm_engine = engine.llm.llm_engine
         #: vLLM's request id -> (the batch's request id, the member it is).
         self.pending: dict[str, tuple[int, int]] = {}
-        #: A batch's plan, its members still running, and whether it wants plain texts.
-        self.batches: dict[int, tuple[Planned, int, bool]] = {}
-        self._empty: list[tuple[int, bool]] = []
+        #: A batch's plan, and its members still running.
+        self.batches: dict[int, tuple[Planned, int]] = {}
+        self._empty: list[int] = []
 
     @property
     def busy(self) -> bool:
         return bool(self._empty) or bool(self.pending)
 
-    def take(self, request_id: int, texts: list[str], options: dict[str, Any]) -> bool:
-        """A ``generate`` batch without ``params``: its options become one ``SamplingParams``."""
-        params = params_of(options, self.engine.config)
-        self._add(request_id, plan(self.engine, [Request(prompt=t) for t in texts], params,
-                                   None), texts=True)
-        return True
+    def take(self, request_id: int, engine: Any, work: Complete) -> None:
+        """Join vLLM's running batch with ``work`` (``complete.plan``: each request one of
+        vLLM's)."""
+        self._add(request_id, plan(engine, work.requests, work.defaults, work.chat_template))
 
-    def take_complete(self, request_id: int, worker: Any, requests: list[Any], defaults: Any,
-                      chat_template: str | None) -> None:
-        self._add(request_id, plan(worker, requests, defaults, chat_template), texts=False)
-
-    def _add(self, request_id: int, planned: Planned, *, texts: bool) -> None:
+    def _add(self, request_id: int, planned: Planned) -> None:
         if not planned.rendered:
-            self._empty.append((request_id, texts))
+            self._empty.append(request_id)
             return
-        self.batches[request_id] = (planned, len(planned.rendered), texts)
+        self.batches[request_id] = (planned, len(planned.rendered))
         # token ids through vLLM's renderer, as its LLM.generate does (a raw prompt dict is
         # deprecated in vLLM 0.32, and warned about on every run)
         prompts = [{"prompt_token_ids": list(ids)} for _, ids in planned.rendered]
@@ -382,7 +342,7 @@ class VllmStream:
         """One step of vLLM's engine: ``(request id, True, results)`` for each batch whose
         requests all ended; when the step raised, ``(request id, False, error)`` for every
         batch in it (they are aborted in vLLM; the scheduler retries them)."""
-        replies: list[tuple[int, bool, Any]] = [(r, True, []) for r, _ in self._empty]
+        replies: list[tuple[int, bool, Any]] = [(r, True, []) for r in self._empty]
         self._empty = []
         if not self.pending:
             return replies
@@ -400,16 +360,15 @@ class VllmStream:
             if not out.finished or out.request_id not in self.pending:
                 continue
             request, member = self.pending.pop(out.request_id)
-            planned, left, texts = self.batches[request]
+            planned, left = self.batches[request]
             top = planned.resolved[member].logprobs
             rows = [(list(c.token_ids), None if top is None else _logprobs(
                 self.tokenizer, list(c.token_ids), c.logprobs or [], top))
                 for c in sorted(out.outputs, key=lambda c: c.index)]
             planned.fill(self.tokenizer, [member], [rows])
             if left > 1:
-                self.batches[request] = (planned, left - 1, texts)
+                self.batches[request] = (planned, left - 1)
                 continue
             del self.batches[request]
-            done = planned.done()
-            replies.append((request, True, [r.text for r in done] if texts else done))
+            replies.append((request, True, planned.done()))
         return replies

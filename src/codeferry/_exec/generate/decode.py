@@ -40,11 +40,8 @@ from typing import Any
 from .attention import SPANS, cache_dtype
 from .cuts import prefill_runs, spans
 
-__all__ = ["Engine", "RowOptions", "decode", "ids", "row_options", "rows_for", "supports"]
+__all__ = ["Engine", "RowOptions", "decode", "ids", "rows_for", "supports"]
 
-#: ``generate`` options the loop honours; any other sends a call to ``generate``.
-SUPPORTED = frozenset({"max_new_tokens", "min_new_tokens", "do_sample", "temperature", "top_k",
-                       "top_p", "seed", "eos_token_id", "pad_token_id"})
 #: Rows decoded together at most, and the KV-cache bytes they may hold (CPU defaults).
 MAX_ROWS, KV_BUDGET = 64, 1 << 30
 
@@ -68,26 +65,6 @@ def ids(value: Any) -> tuple[int, ...]:
     if value is None:
         return ()
     return (int(value),) if isinstance(value, int) else tuple(int(v) for v in value)
-
-
-def row_options(options: dict[str, Any], config: Any) -> RowOptions | None:
-    """``generate``-style ``options`` as ``RowOptions``, defaults from the model's generation
-    ``config``; ``None`` when an option is one the loop does not do (then ``generate`` does)."""
-    if set(options) - SUPPORTED:
-        return None
-
-    def get(name: str, default: Any) -> Any:
-        value = options.get(name, getattr(config, name, None))
-        return default if value is None else value
-
-    sample = bool(get("do_sample", False))
-    return RowOptions(
-        max_new_tokens=int(get("max_new_tokens", 20)), eos=ids(get("eos_token_id", None)),
-        min_new_tokens=int(get("min_new_tokens", 0)), do_sample=sample,
-        temperature=float(get("temperature", 1.0)) if sample else 1.0,
-        top_k=int(get("top_k", 0)) if sample else 0,
-        top_p=float(get("top_p", 1.0)) if sample else 1.0,
-        seed=options.get("seed"))
 
 
 def supports(model: Any) -> str | None:

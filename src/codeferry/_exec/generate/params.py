@@ -45,6 +45,13 @@ FinishReason = Literal["stop", "length"]
 #: server also reads (``max_completion_tokens`` is the chat API's newer name).
 _ALIASES = {"max_completion_tokens": "max_tokens", "max_new_tokens": "max_tokens",
             "min_new_tokens": "min_tokens"}
+#: ``model.generate`` keywords that have a ``SamplingParams`` field, and its name.
+_GENERATE_OPTIONS = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens",
+                     "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                     "min_p": "min_p", "repetition_penalty": "repetition_penalty"}
+#: ``model.generate`` keywords that change nothing here: the pad token of rows that are
+#: cut at their own end, and whether to sample (``temperature`` says it).
+_GENERATE_NEUTRAL = ("pad_token_id", "do_sample")
 
 
 def _error(name: str, message: str, fix: str) -> SamplingParamsError:
@@ -143,6 +150,31 @@ class SamplingParams:
         if isinstance(values.get("stop_token_ids"), list):
             values["stop_token_ids"] = tuple(values["stop_token_ids"])
         return cls(**values)
+
+    @classmethod
+    def from_generate_options(cls, options: Mapping[str, Any],
+                              model_temperature: float | None = None) -> SamplingParams:
+        """``model.generate`` keywords (``Executor.generate`` without ``params``) as the
+        parameters they mean: ``max_new_tokens`` is ``max_tokens``, ``do_sample=False`` is
+        temperature 0, ``do_sample=True`` samples at the given ``temperature`` or else the
+        model's (``model_temperature``, 1.0 when the model sets none), as ``generate`` does.
+        A keyword with no such meaning raises ``SamplingParamsError`` naming it."""
+        fields: dict[str, Any] = {}
+        for name, value in options.items():
+            if name in _GENERATE_NEUTRAL:
+                continue
+            if name not in _GENERATE_OPTIONS:
+                raise SamplingParamsError(
+                    f"generate option {name!r} is not one the executor takes.", field=name,
+                    fix=f"use {', '.join(sorted(_GENERATE_OPTIONS))} or do_sample, or pass "
+                    "SamplingParams (generate(prompts, params)).")
+            fields[_GENERATE_OPTIONS[name]] = value
+        sample = options.get("do_sample")
+        if sample is False:
+            fields["temperature"] = 0.0
+        elif sample and fields.get("temperature") is None:
+            fields["temperature"] = float(model_temperature or 1.0)
+        return cls(**fields)
 
     def set_fields(self) -> dict[str, Any]:
         """The fields set here, as JSON-ready values (the run record keeps them)."""

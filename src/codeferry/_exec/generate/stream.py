@@ -1,15 +1,15 @@
-"""How a worker generates with the decode loop (``decode.py``): whether it may (``probe``,
-``choose``), one batch (``generate``), and every batch it holds at once (``Stream``).
+"""How a worker generates: the path it takes (``choose``, the one chooser), whether the
+decode loop (``decode.py``) gives ``generate``'s tokens on a model (``probe``), and every
+batch it holds at once in that loop (``Stream``).
 
 Why a stream: the scheduler keeps up to two batches in a worker's pipe. Decoded one after
 the other, each batch ends in a tail where its last rows run nearly alone, and every step
-still reads all the weights. The worker's serving loop (``worker._serve``) instead hands each
-``generate`` message to its ``Stream``: the message's prompts join the running loop as rows
-free up, and its reply goes out as soon as its own rows ended, while the next batch's rows
-are already being computed. A message whose options the loop does not do is answered by
-``generate`` as before, once the stream has drained. ``codeferry run``'s ``complete``
-batches join the same way, group by group (``complete.plan``), where every group is one the
-loop does (``complete.loop_rows``: no ``n`` above 1, logprobs, penalties or ``min_p``).
+still reads all the weights. The worker's serving loop (``workers.worker``) instead hands
+each batch to its ``Stream``, group by group (``complete.plan``): the batch's prompts join
+the running loop as rows free up, and its reply goes out as soon as its own rows ended,
+while the next batch's rows are already being computed. A batch with a group the loop does
+not do (``complete.loop_rows``: ``n`` above 1, logprobs, penalties or ``min_p``) is answered
+by ``complete`` on its plan, once the stream has drained.
 """
 
 from __future__ import annotations
@@ -19,44 +19,33 @@ from typing import Any
 from ... import _settings
 from .attention import disable, enable
 from .complete import Planned, loop_rows, plan
-from .decode import Engine, RowOptions, decode, ids, row_options, supports
+from .decode import Engine, RowOptions, decode, ids, supports
+from .generation import choose_path
 
-__all__ = ["Stream", "choose", "generate", "probe"]
+__all__ = ["Stream", "choose", "probe"]
 
 
 class Stream:
-    """Generate requests (request id, texts, options) decoded together on one model."""
+    """``Complete`` batches (request id, requests, defaults) decoded together on one model."""
 
     def __init__(self, model: Any, tokenizer: Any) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.engine: Engine | None = None
-        #: The engine's group -> the request's id, and for a ``complete`` request its
-        #: ``Planned`` and the members of the group.
-        self.requests: dict[int, tuple[int, Planned | None, list[int]]] = {}
-        self.left: dict[int, int] = {}  # a complete request's groups still decoding
-        self._empty: list[int] = []  # complete requests of no request at all: answered next
+        #: The engine's group -> the request's id, its ``Planned`` and the group's members.
+        self.requests: dict[int, tuple[int, Planned, list[int]]] = {}
+        self.left: dict[int, int] = {}  # a request's groups still decoding
+        self._empty: list[int] = []  # batches of no request at all: answered next
 
     @property
     def busy(self) -> bool:
         return bool(self._empty) or (self.engine is not None and self.engine.busy)
 
-    def take(self, request_id: int, texts: list[str], options: dict[str, Any]) -> bool:
-        """Join the loop with ``texts``; ``False`` when an option is one the loop does not do
-        (the caller answers it with ``generate``, after ``drain``)."""
-        rows = row_options(options, self.model.generation_config)
-        if rows is None:
-            return False
-        prompts = [list(row) for row in self.tokenizer(texts, add_special_tokens=True)["input_ids"]]
-        self.requests[self._engine().add(prompts, [rows] * len(prompts))] = (request_id, None, [])
-        return True
-
-    def take_complete(self, request_id: int, worker: Any, requests: list[Any], defaults: Any,
-                      chat_template: str | None) -> Planned | None:
-        """Join the loop with a ``complete`` batch (``complete.plan``: its groups become the
+    def take(self, request_id: int, engine: Any, work: Any) -> Planned | None:
+        """Join the loop with a ``Complete`` batch (``complete.plan``: its groups become the
         loop's): ``None``. When a group is one the loop does not do, the batch as planned:
         the caller answers it with ``complete`` on that plan, once the loop has drained."""
-        planned = plan(worker, requests, defaults, chat_template)
-        looped = [loop_rows(worker, [planned.resolved[i] for i in members], planned.ends)
+        planned = plan(engine, work.requests, work.defaults, work.chat_template)
+        looped = [loop_rows(engine, [planned.resolved[i] for i in members], planned.ends)
                   for members in planned.groups]
         if any(rows is None for rows in looped):
             return planned
@@ -78,7 +67,7 @@ class Stream:
         return self.engine
 
     def step(self) -> list[tuple[int, bool, Any]]:
-        """One step of the loop: ``(request id, True, texts)`` for each request that ended,
+        """One step of the loop: ``(request id, True, results)`` for each batch that ended,
         or, when the step raised, ``(request id, False, the error)`` for every request in it
         (the loop starts afresh: the scheduler retries them as it retries a failed batch)."""
         import torch
@@ -96,10 +85,6 @@ class Stream:
             return replies + [(request, False, exc) for request in failed]
         for group, rows in ended:
             request, planned, members = self.requests.pop(group)
-            if planned is None:
-                replies.append((request, True, [str(self.tokenizer.decode(
-                    row, skip_special_tokens=True)) for row in rows]))
-                continue
             planned.fill(self.tokenizer, members, [[(row, None)] for row in rows])
             self.left[request] -= 1
             if not self.left[request]:
@@ -175,14 +160,14 @@ def probe(model: Any, pad: int) -> str | None:
     return None
 
 
-def choose(model: Any, requested: str, device: str, pad: int | None) -> tuple[str, str] | None:
-    """For ``auto`` and ``decode``: ``("decode", why)`` where the loop's probe matches on this
-    model, on any device, else ``("batched", why not)``; ``None`` for the other requests
-    (``generation.choose_path`` decides those). The loop measured ahead of batched
-    ``generate`` and continuous batching on CPU and on an H200 alike
-    (``benchmarks/bench_generation.py``, ``docs/benchmarks.md``)."""
+def choose(model: Any, requested: str, device: str, pad: int | None) -> tuple[str, str]:
+    """The path a worker generates on, and why: for ``auto`` and ``decode``, ``("decode",
+    why)`` where the loop's probe matches on this model, on any device, else ``("batched",
+    why not)``; ``continuous`` and ``batched`` as ``generation.choose_path`` answers them.
+    The loop measured ahead of batched ``generate`` and continuous batching on CPU and on an
+    H200 alike (``benchmarks/bench_generation.py``, ``docs/benchmarks.md``)."""
     if requested not in ("auto", "decode"):
-        return None
+        return choose_path(model, requested, pad)
     if device.startswith("cpu") and _settings.cpu_float32_attention() and enable(model):
         if probe(model, 0 if pad is None else pad) is None:
             return "decode", ("a greedy probe of the decode loop, with codeferry's attention "
@@ -194,16 +179,3 @@ def choose(model: Any, requested: str, device: str, pad: int | None) -> tuple[st
         return "decode", ("a greedy probe of the decode loop matched generate token for token "
                           "(tied logits either way)")
     return "batched", f"the decode loop does not work for this model: {failure}"
-
-
-def generate(model: Any, tokenizer: Any, texts: list[str],
-             options: dict[str, Any]) -> list[str] | None:
-    """A worker's ``generate`` by the loop: texts out, or ``None`` when an option is one the
-    loop does not do (the caller then runs ``generate``)."""
-    rows = row_options(options, model.generation_config)
-    if rows is None:
-        return None
-    prompts = [list(row) for row in tokenizer(texts, add_special_tokens=True)["input_ids"]]
-    pad = options.get("pad_token_id", tokenizer.pad_token_id)
-    out = decode(model, prompts, [rows] * len(prompts), pad_token_id=0 if pad is None else int(pad))
-    return [str(tokenizer.decode(row, skip_special_tokens=True)) for row in out]

@@ -222,10 +222,10 @@ class RayWorker:
         info = {**self.engine.info(), **node, "ferry": stats, "folder": str(folder)}
         return ("ready", os.getpid(), info)
 
-    def handle(self, kind: str, payload: bytes) -> tuple[str, Any]:
+    def handle(self, payload: bytes) -> tuple[str, Any]:
         from .worker import handle
 
-        return handle(self.engine, kind, payload)
+        return handle(self.engine, payload)
 
 
 def _cluster_error(exc: BaseException, what: str) -> ClusterError:
@@ -363,8 +363,8 @@ class _RayChannel:
                 status, body = reply
                 self._post(Event(self, "reply", (request, *unpack_reply(status, body, self.slot))))
 
-    def send(self, request: int, kind: str, payload: bytes) -> None:
-        self._refs.put((request, self.actor.handle.remote(kind, payload)))
+    def send(self, request: int, payload: bytes) -> None:
+        self._refs.put((request, self.actor.handle.remote(payload)))
 
     def kill(self) -> None:
         with contextlib.suppress(Exception):

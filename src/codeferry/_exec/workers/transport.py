@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Literal, Protocol
 
-from .worker import WorkerSpec, pack, remote_error, unpack_reply, worker_main
+from .worker import STOP, WorkerSpec, pack, remote_error, unpack_reply, worker_main
 
 __all__ = ["Channel", "Event", "LocalTransport", "Post", "Transport"]
 
@@ -63,8 +63,8 @@ class Channel(Protocol):
         """Where it runs, for messages: ``pid 123``, ``actor ... on node ...``."""
         ...
 
-    def send(self, request: int, kind: str, payload: bytes) -> None:
-        """Queue one request; a dead worker's ``died`` event follows instead of a reply."""
+    def send(self, request: int, payload: bytes) -> None:
+        """Queue one request (a packed ``Work``); a dead worker's ``died`` event follows instead of a reply."""
         ...
 
     def kill(self) -> None:
@@ -188,9 +188,9 @@ class _LocalChannel:
             self.kill()
             self.process.join(5)
 
-    def send(self, request: int, kind: str, payload: bytes) -> None:
+    def send(self, request: int, payload: bytes) -> None:
         with self._send_lock, contextlib.suppress(OSError, ValueError):
-            self.conn.send((request, kind, payload))  # a dead worker: its sentinel says so
+            self.conn.send((request, payload))  # a dead worker: its sentinel says so
 
     def kill(self) -> None:
         with contextlib.suppress(OSError):
@@ -198,7 +198,7 @@ class _LocalChannel:
 
     def stop(self, timeout: float) -> None:
         self._closing = True
-        self.send(-1, "stop", b"")
+        self.send(-1, STOP)
         self._reap(timeout)
         with contextlib.suppress(OSError):
             self.conn.close()

@@ -8,7 +8,8 @@ trusted to mean the code is there, and it executes only the digest the parent ch
 (``CodeChangedError`` otherwise), so a worker started after the folder changed cannot
 run code nobody decided on. It then answers one message per request on its pipe::
 
-    parent -> worker   (request_id, kind, pickled payload)   kind: generate|complete|embed|score|rpc|stop
+    parent -> worker   (request_id, pickled Work)   Work: Complete | Embed | Score | Rpc
+                       (request_id, STOP)           drain, then exit
     worker -> parent   (request_id, "ok", pickled result) | (request_id, "error", (blob, tb, text))
 
 The payload travels pickled on its own, inside the message: the worker unpickles it
@@ -39,12 +40,16 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ... import _settings
+from ..engines.base import Complete, Embed, Engine, Rpc, Score, Work
 from ..engines.hf_engine import TransformersEngine
 from ..engines.spec import WorkerSpec
 from .stdout import finish_stdout, route_stdout
 
-__all__ = ["WorkerSpec", "build_engine", "error_payload", "handle", "pack", "remote_error", "unpack_reply",
-           "worker_main"]
+__all__ = ["STOP", "WorkerSpec", "build_engine", "error_payload", "handle", "pack", "remote_error",
+           "unpack_reply", "worker_main"]
+
+#: The payload that tells a worker to finish what it holds and exit.
+STOP = b""
 
 
 def _watch_parent(parent_pid: int, lifeline: Connection | None) -> None:
@@ -165,17 +170,17 @@ def worker_main(spec: WorkerSpec, conn: Connection, parent_pid: int,
         finish_stdout()
 
 
-def build_engine(spec: WorkerSpec) -> Any:
+def build_engine(spec: WorkerSpec) -> Engine:
     """The worker's engine: transformers' (``hf_engine``) or vLLM's (``vllm_engine``); for
     ``auto``, vLLM's unless it refuses the model (or ``half_without_kernels`` says vLLM would
     be slow here), then transformers' with the reason first in ``generate_reason`` (and on
     the worker's stderr)."""
-    if spec.engine == "transformers" or not spec.serve:
+    if spec.engine.name == "transformers" or not spec.serve:
         return TransformersEngine(spec)
     from ...errors import EngineRefusedError, ExtraMissingError
     from ..engines.vllm_engine import VllmEngine, half_without_kernels
 
-    if spec.engine == "vllm":
+    if spec.engine.name == "vllm":
         return VllmEngine(spec)
     refused = half_without_kernels(spec.dtype, spec.device, spec.model)
     if refused is None:
@@ -202,69 +207,69 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
     except BaseException as exc:  # noqa: BLE001 - the handshake carries it to the parent
         conn.send(("failed", os.getpid(), error_payload(exc)))
         return
-    stream = engine.stream()  # engine (issue 20): batches merged into one decode loop
-    # "streams": the scheduler may keep more batches in this worker's pipe (STREAM_DEPTH)
+    # The engine's running batch, where it has one: batches join it as they arrive, and
+    # "streams" lets the scheduler keep more of them in this worker's pipe (STREAM_DEPTH).
+    stream = engine.stream()
     conn.send(("ready", os.getpid(), {**engine.info(), "streams": stream is not None}))
+    taken: dict[int, Complete] = {}  # the work in the stream, by request id
 
     def step() -> None:
+        assert stream is not None
         for request_id, ok, value in stream.step():
-            conn.send((request_id, *(("ok", pack(value)) if ok else ("error", error_payload(value)))))
+            work = taken.pop(request_id)
+            conn.send((request_id, *(("ok", pack(work.answer(value))) if ok
+                                     else ("error", error_payload(value)))))
 
     while True:
         if stream is not None and stream.busy and not conn.poll(0):
             step()
             continue
         try:
-            request_id, kind, payload = conn.recv()
+            request_id, payload = conn.recv()
         except (EOFError, OSError):
             return  # the parent closed our pipe: shut down
-        planned = None  # a complete batch the stream planned and did not take
-        if stream is not None and kind in ("generate", "complete"):
+        planned = None  # a batch the stream planned and did not take
+        if stream is not None and payload != STOP:
             try:
-                request = _unpack(payload)
-                if kind == "complete":
-                    planned = stream.take_complete(request_id, engine, request["texts"],
-                                                   request["defaults"], request["chat_template"])
-                    taken = planned is None
-                else:
-                    taken = stream.take(request_id, request["texts"],
-                                        engine.defaults(request["options"]))
-                if taken:
-                    continue
+                work = _unpack(payload)
+                if isinstance(work, Complete):
+                    planned = stream.take(request_id, engine, work)
+                    if planned is None:
+                        taken[request_id] = work
+                        continue
+                payload = work
             except BaseException as exc:  # noqa: BLE001 - reported, the worker lives on
                 conn.send((request_id, "error", error_payload(exc)))
                 continue
         while stream is not None and stream.busy:  # anything else runs with no decode in flight
             step()
-        if kind == "stop":
+        if payload == STOP:
             return
-        conn.send((request_id, *handle(engine, kind, payload, planned)))
+        conn.send((request_id, *handle(engine, payload, planned)))
 
 
-def handle(engine: Any, kind: str, payload: Any, planned: Any = None) -> tuple[str, Any]:
-    """One request: ``("ok", pickled result)`` or ``("error", error payload)``; ``planned``:
-    a ``complete`` batch already planned (``Stream.take_complete``).
+def handle(engine: Engine, payload: bytes | Work, planned: Any = None) -> tuple[str, Any]:
+    """One request: ``("ok", pickled result)`` or ``("error", error payload)``; ``payload``:
+    the ``Work`` (pickled, or unpickled already); ``planned``: a ``Complete`` batch already
+    planned (``Stream.take``).
 
     The result travels pickled on its own, like the request: the parent unpickles it
     knowing which request it answers, so a result it refuses (code its lock does not
     list) fails that request, typed, instead of the connection.
     """
     try:
-        payload = _unpack(payload)
-        if kind == "generate":
-            result: Any = engine.generate(payload["texts"], payload["options"])
-        elif kind == "complete":
-            result = engine.complete(payload["texts"], payload["defaults"],
-                                     payload["chat_template"], planned)
-        elif kind == "embed":
-            result = engine.embed(payload["texts"], payload["pooling"])
-        elif kind == "score":
-            result = engine.score(payload["texts"])
-        elif kind == "rpc":
-            func, args, kwargs = payload
-            result = func(engine, *args, **kwargs)
+        work = _unpack(payload) if isinstance(payload, bytes) else payload
+        result: Any
+        if isinstance(work, Complete):
+            result = work.answer(engine.complete(work, planned))
+        elif isinstance(work, Embed):
+            result = engine.embed(work.texts, work.pooling)
+        elif isinstance(work, Score):
+            result = engine.score(work.texts)
+        elif isinstance(work, Rpc):
+            result = work.func(engine, *work.args, **work.kwargs)
         else:
-            raise ValueError(f"unknown request {kind!r}")
+            raise ValueError(f"unknown request {type(work).__name__}")
         return "ok", pack(result)
     except BaseException as exc:  # noqa: BLE001 - reported, the worker lives on
         return "error", error_payload(exc)
