@@ -132,11 +132,11 @@ def render() -> str:
     ]
     if parser.description:
         out += [_cell(parser.description), ""]
-    out += _table([a for a in parser._actions if _shown(a)]) + [""]
+    out += [*_table([a for a in parser._actions if _shown(a)]), ""]
     out += ["| command | what |", "|---|---|"]
     out += [f"| [`{name}`](#codeferry-{name}) | {_cell(summary)} |" for name, summary, _ in commands]
     out.append("")
-    for name, summary, sub in commands:
+    for name, _summary, sub in commands:
         # the summary is in the table of commands above
         out += [f"## codeferry {name}", "", "```text", _usage(sub), "```", ""]
         if sub.description:
@@ -152,7 +152,7 @@ def render() -> str:
                 continue
             if not isinstance(group, list):
                 out += [f"{group.title[0].upper()}{group.title[1:]}:", ""]
-            out += _table(actions) + [""]
+            out += [*_table(actions), ""]
         if any(_key(a) in common_keys for a in sub._actions):
             out += ["And the [options of every model command](#options-of-every-model-command).", ""]
     if common:
@@ -160,7 +160,7 @@ def render() -> str:
                 "Every command that takes a MODEL (" + ", ".join(
                     f"`{name}`" for name, _, sub in commands
                     if any(_key(a) in common_keys for a in sub._actions)) + ") takes these:", ""]
-        out += _table(common) + [""]
+        out += [*_table(common), ""]
     return "\n".join(out).rstrip("\n") + "\n"
 
 

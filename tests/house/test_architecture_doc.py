@@ -10,6 +10,7 @@ the tree."""
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 
 from _helpers import ROOT, SRC
 from test_layers import EXEC_FLOORS, LAYERS
@@ -57,5 +58,5 @@ def test_the_page_names_no_module_that_is_gone() -> None:
 
 def test_the_modules_are_in_layer_order() -> None:
     items = [n for n in ITEM.findall(PAGE.read_text(encoding="utf-8")) if n in _tree()]
-    out_of_order = [f"{a} before {b}" for a, b in zip(items, items[1:]) if _rank(a) > _rank(b)]
+    out_of_order = [f"{a} before {b}" for a, b in pairwise(items) if _rank(a) > _rank(b)]
     assert out_of_order == [], "order: tests/house/test_layers.py's LAYERS and EXEC_FLOORS"

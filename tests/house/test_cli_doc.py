@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+import pytest
 from _helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "docs"))
@@ -32,7 +34,8 @@ def test_every_command_and_option_is_on_the_page() -> None:
                     assert f"`{option}" in page, f"{name} {option}"
 
 
-def test_the_check_mode_fails_on_a_stale_page(tmp_path, monkeypatch, capsys) -> None:
+def test_the_check_mode_fails_on_a_stale_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
     stale = tmp_path / "cli.md"
     stale.write_text("# Command-line reference\n", encoding="utf-8")
     monkeypatch.setattr(cli_reference, "PAGE", stale)
