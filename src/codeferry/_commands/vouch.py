@@ -1,7 +1,7 @@
 """``--verify-hub`` and ``--signature`` of ``codeferry lock`` and ``codeferry verify``: the
 command line's part.
 
-The checks themselves are ``Lock.check_hub`` (``_code.vouch``) and ``Lock.check_signature``
+The checks themselves are ``Lock.check_hub`` (``_code.hubcheck``) and ``Lock.check_signature``
 (``_code.signature``); here the branch a lock follows, what a lock requires, and what the
 commands print. Exit codes (``cli``): 0 vouched for, 1 a file differs from the
 Hub's (``HubMismatchError``), 3 the Hub could not be asked (``HubUncheckedError``: offline,

@@ -161,8 +161,8 @@ def batch_limits(device: str, max_batch_tokens: int | None) -> tuple[int, int]:
 
     CPU: measured on 2 cores (README "Throughput", ``benchmarks/bench_vs_vllm.py``): a
     worker's throughput grows with the batch (fewer decode steps for the same outputs)
-    more than padding costs it, up to about 64 rows. 2048 tokens cut issue 12's 128 skewed
-    prompts into 4 batches, a pair per worker; 1024 into 8, 0.65-0.75x as fast; batches of 8,
+    more than padding costs it, up to about 64 rows. 2048 tokens cut 128 prompts of skewed
+    lengths into 4 batches, a pair per worker; 1024 into 8, 0.65-0.75x as fast; batches of 8,
     0.4x. An accelerator wants wider batches still; the limit there is memory, which the
     budget bounds.
     """

@@ -21,7 +21,6 @@ batch raises or runs past ``batch_timeout``: every input gets exactly one outcom
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
@@ -35,7 +34,7 @@ from .batching import batch_limits, estimate_tokens, fixed_batches, grouped_batc
 from .engines.base import Complete, Embed, Rpc, Score, Work
 from .engines.spec import EngineChoice
 from .engines.vllm_engine import choose_engine
-from .generate.params import GenerateResult, Request, SamplingParams
+from .generate.params import Conversation, GenerateResult, Request, SamplingParams, conversations
 from .layout import cpus, device_for, devices, layout
 from .options import Backend, EngineName, GeneratePath, StartMethod, WorkerOptions
 from .plan import Plan, prepare
@@ -47,7 +46,6 @@ from .workers.worker import WorkerSpec
 __all__ = ["Executor", "Outcome"]
 
 Params = SamplingParams | Sequence[SamplingParams] | None
-Conversation = Sequence[Mapping[str, Any]]
 
 #: Inputs sorted by length together: a stream's outputs are held back at most this many.
 BATCH_WINDOW = 1024
@@ -63,9 +61,10 @@ class Executor:
     ``model`` is a folder, a cached repo id or a snapshot folder of the hub cache, remote
     code or not; workers get the snapshot folder, fenced like the repo. It may also be a
     ``Plan`` that ``prepare`` made (``run`` does): the model, its code, the trust decision,
-    the device and dtype are then the plan's, decided once, and not decided again here. Remote code runs only
-    with ``trust_remote_code=True`` or a ``lock``, in the parent's decision and again in
-    each worker, which loads and verifies the code itself.
+    the device and dtype are then the plan's, decided once. Remote code runs only with
+    ``trust_remote_code=True`` or a ``lock``, in the parent's decision and again in each
+    worker, which loads and verifies the code itself. The keywords that say how workers run
+    are one ``WorkerOptions`` value inside (``options``), the model's one ``ModelOptions``.
 
     ``dtype`` is a ``torch.dtype`` or its name (``"float16"``), as for ``from_pretrained``;
     ``cache_dir`` the hub cache that holds ``model`` (a repo id) and cross-repo code; a repo
@@ -79,22 +78,22 @@ class Executor:
     every replacement) verifies before it executes anything.
 
     ``warm=True`` forks workers from a zygote that has torch and transformers imported
-    already (started once per process, see ``_zygote``) instead of starting each one
+    already (started once per process, see ``zygote``) instead of starting each one
     with ``start_method``: seconds saved per worker, and each still loads and verifies
     the code itself.
 
     ``workers`` (default: two sharing a CPU machine's cores, one on a one-core machine; one
-    per visible GPU; two Ray actors: ``_layout``) and ``threads_per_worker`` (default: the
+    per visible GPU; two Ray actors: ``layout``) and ``threads_per_worker`` (default: the
     cores shared out) say how the work is spread.
 
     Batches: ``batch_size`` fixes the inputs per batch; by default inputs of similar length
-    are batched together, ``max_batch_tokens`` padded tokens a batch (``_batching``).
+    are batched together, ``max_batch_tokens`` padded tokens a batch (``batching``).
     ``generate_path``: ``"auto"`` (the decode loop, ``decode.py``, when a probe shows it
     gives ``generate``'s tokens for the model, on CPU and on an accelerator; batched
-    ``generate`` otherwise), ``"decode"``, ``"continuous"`` or
-    ``"batched"``; each worker's choice is in ``worker_info`` (``_generation``).
+    ``generate`` otherwise), ``"decode"``, ``"continuous"`` or ``"batched"``; each worker's
+    choice is in ``worker_info`` (``stream.choose``).
 
-    Refused before any worker starts (``_checks``): a ``device`` this machine's torch
+    Refused before any worker starts (``checks``): a ``device`` this machine's torch
     cannot use (``DeviceError``), and spawn or forkserver workers started by a main script
     outside ``if __name__ == "__main__":`` (``MainGuardError``).
 
@@ -110,8 +109,8 @@ class Executor:
 
     ``backend="ray"`` runs the workers as Ray actors across a cluster (``address`` or
     ``RAY_ADDRESS`` as for ``ray.init``; a local cluster otherwise), ``ray_resources``
-    per actor (``num_cpus``, ``num_gpus``, ``resources``); see ``_ray``. The methods and
-    guarantees are the same.
+    per actor (``num_cpus``, ``num_gpus``, ``resources``); see ``ray_backend``. The methods
+    and guarantees are the same.
 
     The ``concurrent.futures`` shape: ``submit``, ``map``, ``shutdown``, ``with``; leaving
     ``with`` waits for what was submitted (``shutdown(wait=True)``), unless a Ctrl-C leaves
@@ -282,14 +281,14 @@ class Executor:
             plan = self._plan([estimate_tokens(x) for x in inputs], generating=False)
         owner = call or Call(len(inputs))  # (no call: only the plan is looked at)
         named = inputs if shown is None else shown
-        return [Batch(indices, _part(work, [inputs[i] for i in indices]),
+        return [Batch(indices, work.part([inputs[i] for i in indices]),
                       [named[i] for i in indices], owner) for indices in plan]
 
     def _plan(self, lengths: Sequence[int], *, generating: bool = True) -> list[list[int]]:
         budget, spread = self.max_batch_tokens, len(self._scheduler.specs) * PIPELINE
         size = self.max_batch_size
         if generating and self._decoding(streams=True):
-            # engine (issue 20): each worker merges the batches in its pipe into one decode
+            # Each worker merges the batches in its pipe into one decode
             # loop (stream.py), STREAM_DEPTH at a time: small batches keep its rows full, and
             # come back one by one as their rows end (a first result long before the last).
             size = max(1, size // STREAM_DEPTH)
@@ -383,11 +382,10 @@ class Executor:
         """Answer each conversation (a list of ``{"role", "content"}`` messages; one
         conversation or a list of them), rendered by the model's chat template
         (``chat_template``: a Jinja template instead). ``params`` as for ``generate``."""
-        conversations = _conversations(messages)
         return self.complete([Request(messages=tuple(c),
                                       add_generation_prompt=add_generation_prompt)
-                              for c in conversations], params, batch_size=batch_size,
-                             chat_template=chat_template)
+                              for c in conversations(messages)], params,
+                             batch_size=batch_size, chat_template=chat_template)
 
     def _requests(self, requests: Sequence[Request], params: Params) -> list[Request]:
         """Each request with its own parameters: ``params`` one for all, or one each."""
@@ -491,24 +489,7 @@ class Executor:
         return [call.future.result()[0] for call in calls]
 
 
-def _part(work: Work, inputs: list[Any]) -> Work:
-    """``work`` for one batch of its inputs."""
-    if isinstance(work, Complete):
-        return dataclasses.replace(work, requests=inputs)
-    if isinstance(work, (Embed, Score)):
-        return dataclasses.replace(work, texts=inputs)
-    return work
-
-
 def _no_options(options: dict[str, Any]) -> None:
     if options:
         raise TypeError(f"generate() with params takes no model.generate options "
                         f"({', '.join(sorted(options))}): set them in SamplingParams")
-
-
-def _conversations(messages: Conversation | Sequence[Conversation]) -> list[Conversation]:
-    """One conversation (its first item a message) or a list of them."""
-    items = list(messages)
-    if items and isinstance(items[0], Mapping):
-        return [items]  # type: ignore[list-item]  # one conversation
-    return items  # type: ignore[return-value]  # a list of conversations

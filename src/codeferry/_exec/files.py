@@ -1,8 +1,8 @@
 """The files every worker will need, checked in the parent before any worker starts.
 
 A worker builds the model from the folder's weights and ``AutoTokenizer`` from its tokenizer
-files. A folder without them used to fail only once every worker had started (seconds
-each), with transformers' traceback from each worker. ``check_model_files`` refuses it
+files. A folder without them would fail only once every worker had started (seconds
+each), with transformers' traceback from each worker: ``check_model_files`` refuses it
 first, with ``ModelFilesMissingError``.
 
 The check refuses only what cannot load: a folder with no weights at all (a file of

@@ -11,10 +11,12 @@ with ``texts=True`` (plain strings come back), its ``model.generate`` keywords m
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..generate.complete import Planned, Planner
 from ..generate.params import GenerateResult, Request, SamplingParams
 
 __all__ = ["Complete", "Embed", "Engine", "EngineStream", "Rpc", "Score", "Work", "StepReply"]
@@ -33,6 +35,10 @@ class Complete:
     #: ``params`` returns them.
     texts: bool = False
 
+    def part(self, inputs: Sequence[Any]) -> Complete:
+        """This work for ``inputs``, one batch of its requests."""
+        return dataclasses.replace(self, requests=inputs)
+
     def answer(self, results: Sequence[GenerateResult]) -> list[Any]:
         """What travels back for ``results``."""
         return [r.text for r in results] if self.texts else list(results)
@@ -45,12 +51,18 @@ class Embed:
     texts: Sequence[str]
     pooling: str = "mean"
 
+    def part(self, inputs: Sequence[Any]) -> Embed:
+        return dataclasses.replace(self, texts=inputs)
+
 
 @dataclass(frozen=True)
 class Score:
     """Per text: its tokens and their logprobs."""
 
     texts: Sequence[str]
+
+    def part(self, inputs: Sequence[Any]) -> Score:
+        return dataclasses.replace(self, texts=inputs)
 
 
 @dataclass(frozen=True)
@@ -60,6 +72,9 @@ class Rpc:
     func: Callable[..., Any]
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def part(self, inputs: Sequence[Any]) -> Rpc:
+        return self
 
 
 Work = Complete | Embed | Score | Rpc
@@ -75,7 +90,7 @@ class EngineStream(Protocol):
     @property
     def busy(self) -> bool: ...
 
-    def take(self, request_id: int, engine: Any, work: Complete) -> Any:
+    def take(self, request_id: int, engine: Planner, work: Complete) -> Planned | None:
         """Join the running batch: ``None``, or the batch as planned when a part of it is one
         the stream does not run (the worker then answers it with ``Engine.complete``)."""
         ...
@@ -83,14 +98,10 @@ class EngineStream(Protocol):
     def step(self) -> list[StepReply]: ...
 
 
-class Engine(Protocol):
-    """What a worker's serving loop asks of its engine."""
-
-    @property
-    def generate_path(self) -> tuple[str, str] | None:
-        """``(path, why)``: how this engine generates (``decode``, ``batched``,
-        ``continuous``, ``vllm``); ``None`` until the generating model is built."""
-        ...
+class Engine(Planner, Protocol):
+    """What a worker's serving loop asks of its engine: besides a ``Planner``'s tokenizer,
+    generation defaults and ``generate_path`` (``(path, why)``: ``decode``, ``batched``,
+    ``continuous`` or ``vllm``; ``None`` until the generating model is built):"""
 
     def info(self) -> dict[str, Any]:
         """What the ready message tells the parent."""
@@ -100,7 +111,7 @@ class Engine(Protocol):
         """The engine's running batch, or ``None`` when it answers one batch at a time."""
         ...
 
-    def complete(self, work: Complete, planned: Any = None) -> list[GenerateResult]:
+    def complete(self, work: Complete, planned: Planned | None = None) -> list[GenerateResult]:
         """``work``'s results in order; ``planned``: the batch as a stream planned it."""
         ...
 

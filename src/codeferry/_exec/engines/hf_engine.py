@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ... import _settings
+from ..generate.complete import Planned
 from ..generate.params import GenerateResult, Request, SamplingParams
 from .base import Complete
 from .spec import WorkerSpec
@@ -142,7 +143,7 @@ class TransformersEngine:
 
         return Stream(self.model_for("generate"), self.tokenizer)
 
-    def complete(self, work: Complete, planned: Any = None) -> list[GenerateResult]:
+    def complete(self, work: Complete, planned: Planned | None = None) -> list[GenerateResult]:
         """``work``'s ``GenerateResult`` values: see ``generate.complete``."""
         from ..generate.complete import complete
 

@@ -1,4 +1,4 @@
-"""vLLM as an executor worker's engine (issue 20): ``Executor(engine="vllm" | "auto")``.
+"""vLLM as an executor worker's engine: ``Executor(engine="vllm" | "auto")``.
 
 Why: on the models vLLM knows, its kernels (paged attention, fused norms and rotary) decode
 faster than transformers' modeling code, and its scheduler refills rows as they end. A worker
@@ -34,7 +34,7 @@ from typing import Any
 
 from ... import _settings
 from ...errors import EngineRefusedError, ExtraMissingError
-from ..generate.complete import Planned, plan
+from ..generate.complete import Planned, Renderer, plan
 from ..generate.params import GenerateResult, Request, Resolved, SamplingParams
 from .base import Complete
 
@@ -268,7 +268,7 @@ class VllmEngine:
     def stream(self) -> VllmStream:
         return VllmStream(self)
 
-    def complete(self, work: Complete, planned: Any = None) -> list[GenerateResult]:
+    def complete(self, work: Complete, planned: Planned | None = None) -> list[GenerateResult]:
         """One batch on a stream of its own, run to its end (the Ray actor's way)."""
         stream = VllmStream(self)
         stream.take(0, self, work)
@@ -318,7 +318,7 @@ class VllmStream:
     def busy(self) -> bool:
         return bool(self._empty) or bool(self.pending)
 
-    def take(self, request_id: int, engine: Any, work: Complete) -> None:
+    def take(self, request_id: int, engine: Renderer, work: Complete) -> None:
         """Join vLLM's running batch with ``work`` (``complete.plan``: each request one of
         vLLM's)."""
         self._add(request_id, plan(engine, work.requests, work.defaults, work.chat_template))

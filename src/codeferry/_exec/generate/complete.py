@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ...errors import ChatTemplateMissingError
 from .params import (
@@ -40,7 +40,42 @@ from .params import (
     resolve,
 )
 
-__all__ = ["Planned", "complete", "loop_rows", "plan"]
+__all__ = ["Generator", "Planned", "Planner", "Renderer", "Requests", "complete", "loop_rows", "plan"]
+
+
+class Renderer(Protocol):
+    """What ``plan`` reads of an engine: its tokenizer and the model's generation defaults."""
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    def generation_config(self) -> Any: ...
+
+
+class Planner(Renderer, Protocol):
+    """What ``loop_rows`` reads of an engine besides: the path it generates on."""
+
+    @property
+    def generate_path(self) -> tuple[str, str] | None: ...
+
+
+class Generator(Planner, Protocol):
+    """What ``complete`` reads of an engine besides: the model."""
+
+    def model_for(self, kind: str) -> Any: ...
+
+
+class Requests(Protocol):
+    """A batch to generate (``engines.base.Complete``): requests over the call's defaults."""
+
+    @property
+    def requests(self) -> Sequence[Request]: ...
+
+    @property
+    def defaults(self) -> SamplingParams | None: ...
+
+    @property
+    def chat_template(self) -> str | None: ...
 
 #: What of the model's ``generation_config`` is a default of ``SamplingParams``.
 _MODEL_DEFAULTS = ("do_sample", "temperature", "top_p", "top_k", "min_p", "max_new_tokens",
@@ -110,7 +145,7 @@ class Planned:
         return [r for r in self.results if r is not None]
 
 
-def plan(engine: Any, requests: Sequence[Request], defaults: SamplingParams | None,
+def plan(engine: Renderer, requests: Sequence[Request], defaults: SamplingParams | None,
          chat_template: str | None) -> Planned:
     """Steps 1 and 2 of the module docstring."""
     tokenizer = engine.tokenizer
@@ -127,7 +162,7 @@ def plan(engine: Any, requests: Sequence[Request], defaults: SamplingParams | No
     return Planned(rendered, resolved, ends, list(groups.values()), [None] * len(requests))
 
 
-def complete(engine: Any, requests: Sequence[Request], defaults: SamplingParams | None,
+def complete(engine: Generator, requests: Sequence[Request], defaults: SamplingParams | None,
              chat_template: str | None, planned: Planned | None = None) -> list[GenerateResult]:
     """One ``GenerateResult`` per request, in order (see the module docstring);
     ``planned``: the batch already planned (``plan``: a stream that did not take it)."""
@@ -140,7 +175,7 @@ def complete(engine: Any, requests: Sequence[Request], defaults: SamplingParams 
     return planned.done()
 
 
-def loop_rows(engine: Any, group: list[Resolved], ends: list[int]) -> list[Any] | None:
+def loop_rows(engine: Planner, group: list[Resolved], ends: list[int]) -> list[Any] | None:
     """The decode loop's ``RowOptions`` for a group, or ``None`` when the loop does not do
     it (``n`` above 1, logprobs, penalties, ``min_p``: ``generate`` does those). A sampled
     row draws from its own generator when it has a seed: the same seed, the same tokens."""
@@ -168,7 +203,7 @@ def _ends(eos: Any) -> list[int]:
 
 
 
-def _generate(engine: Any, model: Any, prompts: list[list[int]], group: list[Resolved],
+def _generate(engine: Generator, model: Any, prompts: list[list[int]], group: list[Resolved],
               ends: list[int]) -> list[Row]:
     """Per request, its ``n`` rows of new tokens (and logprobs): one ``generate`` call."""
     import torch
@@ -186,6 +221,7 @@ def _generate(engine: Any, model: Any, prompts: list[list[int]], group: list[Res
              and not first.presence_penalty and not first.frequency_penalty
              and not first.stop_token_ids)
     looped = loop_rows(engine, group, ends)
+    assert engine.generate_path is not None  # set when the model was built
     if looped is not None:
         # the decode loop (decode.py): each row to its own max_tokens, ended rows leave
         from .decode import decode

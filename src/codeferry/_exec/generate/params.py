@@ -36,10 +36,12 @@ from typing import Any, Literal
 from ... import _settings
 from ...errors import SamplingParamsError
 
-__all__ = ["Completion", "GenerateResult", "Request", "Resolved", "SamplingParams",
+__all__ = ["Completion", "Conversation", "GenerateResult", "Request", "Resolved", "SamplingParams",
+           "conversations",
            "cut_at_stop", "group_key", "resolve"]
 
 FinishReason = Literal["stop", "length"]
+Conversation = Sequence[Mapping[str, Any]]
 
 #: The fields of ``SamplingParams`` a request body may carry, with the names vLLM's OpenAI
 #: server also reads (``max_completion_tokens`` is the chat API's newer name).
@@ -348,3 +350,11 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, str | None]:
         return text, None
     at, which = min(found)
     return text[:at], which
+
+
+def conversations(messages: Conversation | Sequence[Conversation]) -> list[Conversation]:
+    """One conversation (its first item a message) or a list of them."""
+    items = list(messages)
+    if items and isinstance(items[0], Mapping):
+        return [items]  # type: ignore[list-item]  # one conversation
+    return items  # type: ignore[return-value]  # a list of conversations

@@ -18,7 +18,7 @@ from typing import Any
 
 from ... import _settings
 from .attention import disable, enable
-from .complete import Planned, loop_rows, plan
+from .complete import Planned, Planner, Requests, loop_rows, plan
 from .decode import Engine, RowOptions, decode, ids, supports
 from .generation import choose_path
 
@@ -40,12 +40,12 @@ class Stream:
     def busy(self) -> bool:
         return bool(self._empty) or (self.engine is not None and self.engine.busy)
 
-    def take(self, request_id: int, engine: Any, work: Any) -> Planned | None:
+    def take(self, request_id: int, worker: Planner, work: Requests) -> Planned | None:
         """Join the loop with a ``Complete`` batch (``complete.plan``: its groups become the
         loop's): ``None``. When a group is one the loop does not do, the batch as planned:
         the caller answers it with ``complete`` on that plan, once the loop has drained."""
-        planned = plan(engine, work.requests, work.defaults, work.chat_template)
-        looped = [loop_rows(engine, [planned.resolved[i] for i in members], planned.ends)
+        planned = plan(worker, work.requests, work.defaults, work.chat_template)
+        looped = [loop_rows(worker, [planned.resolved[i] for i in members], planned.ends)
                   for members in planned.groups]
         if any(rows is None for rows in looped):
             return planned

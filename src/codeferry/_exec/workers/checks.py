@@ -5,8 +5,8 @@ reports at best an exit code or a traceback from another process. Both mistakes 
 visible in the parent before anything starts:
 
 * ``check_device``: the device string parses (``torch.device``), its backend is
-  available in this torch on this machine, and its index exists. ``cuda`` on a machine
-  without CUDA used to run on CPU silently; ``cuda:0`` failed inside every worker.
+  available in this torch on this machine, and its index exists. Otherwise ``cuda`` on a
+  machine without CUDA would run on CPU silently, and ``cuda:0`` fail inside every worker.
 * ``check_main_guard``: spawn and forkserver children import the main script again
   (``multiprocessing.spawn`` does, as ``__mp_main__``). A script that starts workers at
   module level, outside ``if __name__ == "__main__":``, would start them again in every

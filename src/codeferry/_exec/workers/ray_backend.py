@@ -12,7 +12,7 @@ What a node gets, and from where::
                                                too), else from the object store
 
 Ray's object store moves an object to a node once; the second actor there finds the
-folder written and fetches nothing. The actor then runs ``_worker``'s engine on that
+folder written and fetches nothing. The actor then runs ``worker``'s engine on that
 folder: it loads the code through ``load_pinned`` with the driver's digest and the
 caller's trust or lock, so a node executes only the verified bytes it was sent, and
 refuses code its lock does not list. Nothing is read from the driver's disk, a shared

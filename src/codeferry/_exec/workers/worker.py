@@ -43,6 +43,7 @@ from ... import _settings
 from ..engines.base import Complete, Embed, Engine, Rpc, Score, Work
 from ..engines.hf_engine import TransformersEngine
 from ..engines.spec import WorkerSpec
+from ..generate.complete import Planned
 from .stdout import finish_stdout, route_stdout
 
 __all__ = ["STOP", "WorkerSpec", "build_engine", "error_payload", "handle", "pack", "remote_error",
@@ -248,7 +249,7 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
         conn.send((request_id, *handle(engine, payload, planned)))
 
 
-def handle(engine: Engine, payload: bytes | Work, planned: Any = None) -> tuple[str, Any]:
+def handle(engine: Engine, payload: bytes | Work, planned: Planned | None = None) -> tuple[str, Any]:
     """One request: ``("ok", pickled result)`` or ``("error", error payload)``; ``payload``:
     the ``Work`` (pickled, or unpickled already); ``planned``: a ``Complete`` batch already
     planned (``Stream.take``).

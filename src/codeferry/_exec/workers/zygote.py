@@ -192,7 +192,7 @@ _shared_lock = threading.Lock()
 
 
 def shared_zygote() -> Zygote:
-    """This process's zygote, started on first use (``codeferry.warm_up()`` starts it early)."""
+    """This process's zygote, started on first use."""
     global _shared
     with _shared_lock:
         if _shared is None or not _shared.alive:
