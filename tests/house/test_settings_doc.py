@@ -13,7 +13,7 @@ from _helpers import ROOT
 
 from codeferry import _settings, cli
 
-sys.path.insert(0, str(ROOT / "docs"))
+sys.path.insert(0, str(ROOT / "tools" / "docs"))
 import gen_settings
 
 PAGE = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
@@ -35,7 +35,7 @@ def test_every_environment_variable_read_is_in_the_table() -> None:
 
 
 def test_the_page_shows_the_table_of_settings() -> None:
-    assert PAGE == gen_settings.render(PAGE), "run: python docs/gen_settings.py"
+    assert PAGE == gen_settings.render(PAGE), "run: python tools/docs/gen_settings.py"
     for name in _settings.names():
         assert f"`{name}`" in SETTINGS, name
 

@@ -1,6 +1,6 @@
 """Write the environment table of docs/settings.md from codeferry's one table of settings.
 
-``python docs/gen_settings.py`` rewrites the lines between ``<!-- env:begin`` and
+``python tools/docs/gen_settings.py`` rewrites the lines between ``<!-- env:begin`` and
 ``<!-- env:end -->``; ``tests/house/test_settings_doc.py`` fails while the page and
 ``codeferry._settings.SETTINGS`` differ.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from codeferry import _settings
 
-PAGE = Path(__file__).with_name("settings.md")
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "settings.md"  # from tools/docs/
 _SECTION = re.compile(r"(<!-- env:begin[^>]*-->\n)(.*?)(\n<!-- env:end -->)", re.S)
 
 

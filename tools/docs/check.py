@@ -3,7 +3,7 @@
 Run from anywhere, with the dev environment's Python (it needs nothing beyond
 ``requirements-dev.txt``)::
 
-    HF_HUB_OFFLINE=1 python docs/check.py
+    HF_HUB_OFFLINE=1 python tools/docs/check.py
 
 1. ``python -m mkdocs build --strict`` into a temporary folder; any warning fails.
 2. Every relative link (and image) in ``README.md`` and ``docs/*.md``, outside code, must name
@@ -21,8 +21,8 @@ Run from anywhere, with the dev environment's Python (it needs nothing beyond
    Expected lines must appear in the actual output (stdout and stderr together), in order;
    ``...`` inside a line matches anything, and a line that is only ``...`` skips. Blank
    expected lines are ignored.
-4. ``docs/cli.md`` is what ``docs/cli_reference.py`` makes from the command-line parser
-   (regenerate: ``python docs/cli_reference.py --write``).
+4. ``docs/cli.md`` is what ``tools/docs/cli_reference.py`` makes from the command-line
+   parser (regenerate: ``python tools/docs/cli_reference.py --write``).
 
 Everything runs with ``HF_HUB_OFFLINE=1`` and a temporary ``CODEFERRY_HOME``, ``HF_HOME`` and
 ``XDG_CACHE_HOME``, so nothing touches the user's caches or the network. The last line is a
@@ -41,8 +41,9 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # tools/docs/check.py
 DOCS = ROOT / "docs"
+HERE = Path(__file__).resolve().parent
 RUN_MARK = "<!-- run -->"
 OUTPUT_MARK = "<!-- output -->"
 BLOCK_TIMEOUT_S = 600
@@ -295,7 +296,7 @@ def run_block(block: Block, expected: list[str] | None, env: dict[str, str],
 
 def check_generated(env: dict[str, str]) -> list[str]:
     """The command-line reference matches the parser (its script's check mode)."""
-    proc = subprocess.run([sys.executable, str(DOCS / "cli_reference.py")], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, str(HERE / "cli_reference.py")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S, check=False)
     if proc.returncode != 0:
         return [(proc.stdout + proc.stderr).strip() or f"cli_reference.py: exit {proc.returncode}"]

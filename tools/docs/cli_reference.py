@@ -1,12 +1,12 @@
 """Write docs/cli.md, the command-line reference, from codeferry's argparse parser.
 
-    python docs/cli_reference.py           # check: exit 1 (and say how to fix) when stale
-    python docs/cli_reference.py --write   # regenerate docs/cli.md
+    python tools/docs/cli_reference.py           # check: exit 1 (and say how to fix) when stale
+    python tools/docs/cli_reference.py --write   # regenerate docs/cli.md
 
 The page is made from the parser alone (``codeferry.cli``'s parser-building function), so
 it says what ``codeferry COMMAND --help`` says. Usage lines are wrapped at a fixed width and
 the program is always ``codeferry``, so the page is the same on every machine.
-``tests/house/test_cli_doc.py`` and ``docs/check.py`` fail while the page is stale.
+``tests/house/test_cli_doc.py`` and ``tools/docs/check.py`` fail while the page is stale.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import importlib
 import sys
 from pathlib import Path
 
-PAGE = Path(__file__).with_name("cli.md")
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "cli.md"  # from tools/docs/
 WIDTH = 100
-REGENERATE = "python docs/cli_reference.py --write"
+REGENERATE = "python tools/docs/cli_reference.py --write"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
             if isinstance(parser, argparse.ArgumentParser):
                 return parser
     raise SystemExit("codeferry.cli has no parser(), _parser() or build_parser() returning an "
-                     "argparse.ArgumentParser: update build_parser() in docs/cli_reference.py")
+                     "argparse.ArgumentParser: update build_parser() in tools/docs/cli_reference.py")
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argparse.ArgumentParser]]:
@@ -119,7 +119,7 @@ def render() -> str:
     out = [
         "# Command-line reference",
         "",
-        "<!-- Generated from codeferry's argparse parser by docs/cli_reference.py; do not edit.",
+        "<!-- Generated from codeferry's argparse parser by tools/docs/cli_reference.py; do not edit.",
         f"     Regenerate: {REGENERATE} -->",
         "",
         "Every command and option, as `codeferry COMMAND --help` prints them (every command"
