@@ -4,8 +4,11 @@
     python tools/docs/cli_reference.py --write   # regenerate docs/cli.md
 
 The page is made from the parser alone (``codeferry.cli``'s parser-building function), so
-it says what ``codeferry COMMAND --help`` says. Usage lines are wrapped at a fixed width and
-the program is always ``codeferry``, so the page is the same on every machine.
+it says what ``codeferry COMMAND --help`` says, each argument once: the options every model
+command takes stand as ``[model options]`` in the usage lines and have one table at the end,
+and an argument several commands share with the same help has one row in the shared table.
+Usage lines are wrapped at a fixed width and the program is always ``codeferry``, so the
+page is the same on every machine.
 ``tests/house/test_cli_doc.py`` and ``tools/docs/check.py`` fail while the page is stale.
 """
 
@@ -48,10 +51,17 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argpar
     return found
 
 
-def _usage(parser: argparse.ArgumentParser) -> str:
+MODEL_OPTIONS = "[model options]"
+
+
+def _usage(parser: argparse.ArgumentParser, common_keys: set[tuple[str, str]] = frozenset()) -> str:
+    """The usage line, the options of every model command as one ``[model options]``."""
+    actions = [a for a in parser._actions if _key(a) not in common_keys]
+    if len(actions) < len(parser._actions):
+        actions.append(argparse.Action([MODEL_OPTIONS], dest="model_options", nargs=0))
     formatter = argparse.HelpFormatter(parser.prog, width=WIDTH)
-    formatter.add_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups)
-    return formatter.format_help().strip()
+    formatter.add_usage(parser.usage, actions, parser._mutually_exclusive_groups)
+    return formatter.format_help().strip().replace(f"[{MODEL_OPTIONS}]", MODEL_OPTIONS)
 
 
 def _cell(text: str) -> str:
@@ -111,11 +121,24 @@ def _common(commands: list[tuple[str, str, argparse.ArgumentParser]]) -> list[ar
     return [a for a in shared if _key(a) in keys]
 
 
+def _shared(commands: list[tuple[str, str, argparse.ArgumentParser]],
+            common_keys: set[tuple[str, str]]) -> dict[tuple[str, str], tuple[argparse.Action, list[str]]]:
+    """The arguments (not of every model command) that two or more commands take with the same
+    help: each with the commands that take it, in the parser's order."""
+    seen: dict[tuple[str, str], tuple[argparse.Action, list[str]]] = {}
+    for name, _, sub in commands:
+        for action in sub._actions:
+            if _shown(action) and _key(action) not in common_keys:
+                seen.setdefault(_key(action), (action, []))[1].append(name)
+    return {key: found for key, found in seen.items() if len(found[1]) > 1}
+
+
 def render() -> str:
     parser = build_parser()
     commands = _subcommands(parser)
     common = _common(commands)
     common_keys = {_key(a) for a in common}
+    shared = _shared(commands, common_keys)
     out = [
         "# Command-line reference",
         "",
@@ -123,7 +146,9 @@ def render() -> str:
         f"     Regenerate: {REGENERATE} -->",
         "",
         "Every command and option, as `codeferry COMMAND --help` prints them (every command"
-        " also takes `-h`, `--help`).",
+        " also takes `-h`, `--help`), each once: an argument several commands share is in"
+        " [Shared arguments](#shared-arguments), and `[model options]` in a usage line stands"
+        " for the [options of every model command](#options-of-every-model-command).",
         "",
         "```text",
         _usage(parser),
@@ -138,7 +163,7 @@ def render() -> str:
     out.append("")
     for name, _summary, sub in commands:
         # the summary is in the table of commands above
-        out += [f"## codeferry {name}", "", "```text", _usage(sub), "```", ""]
+        out += [f"## codeferry {name}", "", "```text", _usage(sub, common_keys), "```", ""]
         if sub.description:
             out += [_cell(sub.description), ""]
         # argparse's own two groups make one table; a titled group of the command, its own
@@ -147,14 +172,25 @@ def render() -> str:
         groups += [g for g in sub._action_groups if g.title not in untitled]
         for group in groups:
             members = group if isinstance(group, list) else group._group_actions
-            actions = [a for a in members if _shown(a) and _key(a) not in common_keys]
+            actions = [a for a in members if _shown(a) and _key(a) not in common_keys
+                       and _key(a) not in shared]
             if not actions:
                 continue
             if not isinstance(group, list):
                 out += [f"{group.title[0].upper()}{group.title[1:]}:", ""]
             out += [*_table(actions), ""]
-        if any(_key(a) in common_keys for a in sub._actions):
-            out += ["And the [options of every model command](#options-of-every-model-command).", ""]
+        also = [f"`{a.option_strings[0] if a.option_strings else a.dest.upper()}`"
+                for a in sub._actions if _key(a) in shared]
+        more = (["[shared](#shared-arguments) " + ", ".join(also)] if also else []) + (
+            ["the [model options](#options-of-every-model-command)"]
+            if any(_key(a) in common_keys for a in sub._actions) else [])
+        if more:
+            out += ["Also: " + "; ".join(more) + ".", ""]
+    if shared:
+        out += ["## Shared arguments", "", "| argument | commands | what |", "|---|---|---|"]
+        out += [f"| {_name(a)} | {', '.join(f'`{n}`' for n in names)} | {_help(a)} |"
+                for a, names in shared.values()]
+        out.append("")
     if common:
         out += ["## Options of every model command", "",
                 "Every command that takes a MODEL (" + ", ".join(
