@@ -49,7 +49,7 @@ from .flags import (
     add_worker_flags,
     sampling_params,
 )
-from .inputs import TASKS, InputItem, Task, read_inputs
+from .inputs import TASKS, Id, InputItem, Task, read_inputs
 from .keywords import RUN_KEYWORDS, RunOptions, options_of, too_small
 from .output import Existing, Sink, lock_path
 from .progress import Progress
@@ -103,6 +103,7 @@ def run(
     own (``max_new_tokens`` is its ``max_tokens``); ``chat_template``: a file holding the
     Jinja chat template for chat inputs (default: the model's). ``input_path`` ``"-"``
     reads standard input. The same options as ``codeferry run``; see docs/executor.md.
+    Every keyword with its type: ``keywords.RunKeywords``.
     """
     models, workers = options_of("run", options, RUN_KEYWORDS)
     if task not in TASKS:
@@ -140,7 +141,7 @@ class _Opened:
     #: The engine the workers get (``choose_engine``); ``auto``: known once they start.
     engine: str
     #: The ids of the error lines run again (``retry_errors``).
-    retried: set[Any]
+    retried: set[Id]
     result: RunResult
     remaining: list[InputItem]
     #: What the record cannot say before the workers start: ``auto``'s engine.
