@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from .._exec.engines.base import Rpc
 from .._exec.files import missing_tokenizer
 from .._exec.options import WorkerOptions
 from .._exec.plan import prepare
@@ -233,7 +234,7 @@ def doctor_with(model: str, options: ModelOptions, places: WorkerOptions,
         transport = LocalTransport(start_method)
     spec = WorkerSpec(str(configs.root), decided, "cpu", None, 1, (), bundle.digest, serve=False,
                       code=plan.code_folder)
-    request = transport.pack((doctor_checks, (transport.pack(config),), {}))
+    request = transport.pack(Rpc(doctor_checks, (transport.pack(config),)))
     events: queue.SimpleQueue[Event] = queue.SimpleQueue()
     channels = [transport.start(index, spec, events.put) for index in range(workers)]
     reports = {index: WorkerReport(index) for index in range(workers)}
@@ -257,7 +258,7 @@ def doctor_with(model: str, options: ModelOptions, places: WorkerOptions,
             if event.kind == "ready":
                 report.checks["worker"] = {k: v for k, v in event.body.items()
                                            if k in ("node_ip", "node_id", "ferry")}
-                event.channel.send(0, "rpc", request)
+                event.channel.send(0, request)
             elif event.kind == "reply":
                 _, ok, value = event.body
                 if ok:
