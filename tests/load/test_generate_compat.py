@@ -56,3 +56,33 @@ def test_the_executor_generates_with_it(model_dir: Path) -> None:
                             trust_remote_code=True) as ex:
         texts = ex.generate(["hello", "abc"], max_new_tokens=4)
     assert len(texts) == 2 and all(isinstance(t, str) for t in texts)
+
+
+@pytest.fixture(scope="module")
+def super_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_real_world_model(tmp_path_factory.mktemp("superfp") / "m",
+                                  "super_from_pretrained", name="superfp")
+
+
+def test_a_class_that_calls_super_by_its_own_name_builds_and_generates(super_dir: Path) -> None:
+    """Baichuan2's pattern: ``from_pretrained`` overridden, calling ``super(ItsClass, cls)``
+    by the module's name. The mixin joins the class itself, so that name is the class: a
+    subclass bound to the name made ``super`` call the override again, without end."""
+    from transformers import AutoModelForCausalLM
+
+    text = (super_dir / "modeling_superfp.py").read_text()
+    assert "super(SuperfpForCausalLM, cls).from_pretrained(" in text
+    classes = codeferry.load(super_dir, trust_remote_code=True)
+    model = AutoModelForCausalLM.from_pretrained(super_dir).eval()
+    assert type(model) is classes["AutoModelForCausalLM"]
+    module = __import__("sys").modules[type(model).__module__]
+    assert module.SuperfpForCausalLM is type(model)  # the module's own name, one class
+    ids = torch.tensor([[5, 9, 12]])
+    assert model.generate(ids, max_new_tokens=4, do_sample=False).shape == (1, 7)
+
+
+def test_the_executor_generates_with_a_super_by_name_class(super_dir: Path) -> None:
+    with codeferry.Executor(super_dir, workers=1, start_method="fork",
+                            trust_remote_code=True) as ex:
+        texts = ex.generate(["hello", "abc"], max_new_tokens=4)
+    assert len(texts) == 2 and all(isinstance(t, str) for t in texts)

@@ -8,9 +8,9 @@ codeferry's classes, with no second execution and no ``trust_remote_code`` neede
 
 One behaviour transformers gives remote models only on its own remote path is kept
 here: a causal LM whose class predates the ``GenerationMixin`` split gets the mixin
-added (``add_generation_mixin_to_remote_model``), so ``generate()`` works. The class
-with the mixin replaces the original in its module, so that name, pickling by
-reference and the Auto registries all agree on one class.
+added (``add_generation_mixin_to_remote_model``), so ``generate()`` works. The mixin
+joins the class's own bases, so its module's name, pickling by reference, the Auto
+registries and the model's own code all agree on one class.
 
 And the files transformers reads for these classes are the checked ones: a tokenizer
 class's ``from_pretrained`` of a loaded model (its folder, or its repo id at the
@@ -25,7 +25,6 @@ keyword, not a patch of transformers. A ``vocab.json`` swapped in the folder aft
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import warnings
 from collections.abc import Mapping
@@ -66,29 +65,36 @@ def _needs_generate(cls: type, generative: bool) -> bool:
 def with_generation_mixin(
     cls: type, registration: _loader.Registration | None = None, *, generative: bool = False
 ) -> type:
-    """``cls`` with ``GenerationMixin`` where transformers would add it; the module agrees.
+    """``cls`` with ``GenerationMixin`` where transformers would add it, added in place.
 
     ``generative`` (a causal or seq2seq LM head) adds the mixin to a class without
     ``generate`` too, so ``generate()`` works on every supported transformers release.
-    transformers builds a new class on every call (so two models loaded one after the
-    other have two classes of one name, and neither pickles by name). Here it is built
-    once per class, and it replaces the original in its module.
+    transformers builds a new subclass on every call (so two models loaded one after the
+    other have two classes of one name, and neither pickles by name). Here the mixin joins
+    the class's own bases: one class, the module's own, so pickling by reference, the Auto
+    registries and the model's own ``super(ItsClass, cls)`` calls all see the same class.
+    A class whose bases Python will not extend in place gets transformers' subclass, cached,
+    and its module's name is left as the model's code bound it.
     """
+    from transformers import GenerationMixin
+
+    mixin: type = GenerationMixin
+    if issubclass(cls, mixin):
+        return cls
     cached = cls.__dict__.get("__codeferry_mixed__")
     if isinstance(cached, type):
         return cached
-    new: type = _add_mixin()(cls)
-    if new is cls and _needs_generate(cls, generative):
-        from transformers import GenerationMixin
-
-        new = type(cls.__name__, (cls, GenerationMixin), {"__module__": cls.__module__})
-    if new is cls:
+    theirs: object = _add_mixin()(cls)  # transformers' answer: a new class when it adds it
+    if theirs is cls and not _needs_generate(cls, generative):
         return cls
+    try:
+        cls.__bases__ = (*cls.__bases__, mixin)
+        return cls
+    except TypeError:
+        pass
+    new: type = type(cls.__name__, (cls, mixin), {"__module__": cls.__module__})
     new.__qualname__ = cls.__qualname__
     type.__setattr__(cls, "__codeferry_mixed__", new)
-    module = sys.modules.get(cls.__module__)
-    if module is not None and getattr(module, cls.__name__, None) is cls:
-        setattr(module, cls.__name__, new)
     if registration is None and _pickling.is_ferried(cls):
         registration = _pickling.registration_of(cls)
     if registration is not None:

@@ -25,6 +25,10 @@ Each variant is a factory model (``write_model``) with one change that real fold
     the causal LM neither inherits ``GenerationMixin`` nor defines ``generate`` or
     ``prepare_inputs_for_generation`` (as many real remote models are written): whether
     transformers gives it ``generate()`` depends on its release.
+``super_from_pretrained``
+    the causal LM overrides ``from_pretrained`` and calls ``super(ItsClass, cls)`` by the
+    module's name for its class, as Baichuan2's does: whatever gives it ``generate()`` must
+    leave that name bound to the class itself.
 
 The packages named are real ones that codeferry's test environments do not install;
 tests check that they are really absent.
@@ -49,6 +53,7 @@ REAL_WORLD_KINDS: tuple[str, ...] = (
     "config_missing_package",
     "lfs_config",
     "no_generation_hooks",
+    "super_from_pretrained",
 )
 
 #: Packages the variants import that must not be installed where the tests run.
@@ -166,4 +171,15 @@ def write_real_world_model(path: str | os.PathLike[str], kind: str, name: str = 
         data = json.loads(gen.read_text(encoding="utf-8"))
         data["use_cache"] = False
         gen.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    elif kind == "super_from_pretrained":
+        modeling = root / f"modeling_{name}.py"
+        text = modeling.read_text(encoding="utf-8")
+        anchor = "    def prepare_inputs_for_generation("
+        override = (
+            "    @classmethod\n"
+            "    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):\n"
+            "        # as Baichuan2's: its own bookkeeping, then the base class by name\n"
+            f"        return super({prefix}ForCausalLM, cls).from_pretrained(\n"
+            "            pretrained_model_name_or_path, *model_args, **kwargs)\n\n")
+        modeling.write_text(text.replace(anchor, override + anchor, 1), encoding="utf-8")
     return root
