@@ -320,7 +320,9 @@ def _patch_dynamic_modules(dmu: Any) -> None:
             adopt_module(module)
         return cls
 
-    patches.patch(dmu, "get_class_in_module", get_class_in_module)
+    # ``transformers.generation.utils`` binds it by name at its import (``load()`` imports it
+    # before any lock binds the process): the gate must stand there too
+    patches.patch(dmu, "get_class_in_module", get_class_in_module, everywhere=True)
 
 
 def on_load(event: _load.Loaded) -> None:
