@@ -21,6 +21,7 @@ from ._runtime import pickling as _pickling
 from ._trust.decide import code_changed, decide_door, record
 from ._trust.options import ModelOptions
 from .errors import (
+    ClassNotLoadedError,
     CodeferryError,
     ConfigUnavailableError,
     MissingClassError,
@@ -76,6 +77,20 @@ class LoadResult(dict[str, Any]):
     def __init__(self, classes: Mapping[str, Any], failed: Mapping[str, CodeferryError]) -> None:
         super().__init__(classes)
         self.failed = dict(failed)
+
+    def __missing__(self, key: str) -> Any:
+        """``result[key]`` for a class that is not here: a typed error naming it, its own
+        failure as the cause (never a bare ``KeyError``)."""
+        cause = self.failed.get(key)
+        if cause is not None:
+            error = ClassNotLoadedError(
+                f"{key} did not load: {cause.message}", key=key, path=cause.path,
+                line=cause.line, fix=cause.fix or "see the cause above.")
+            raise error from cause
+        names = ", ".join(sorted(self)) or "none"
+        raise ClassNotLoadedError(
+            f"the model's auto_map names no {key} (loaded: {names}).", key=key,
+            fix="use one of the loaded keys, or transformers' own class for a native head.")
 
 
 def _first_line_in(exc: BaseException, folders: tuple[str, ...]) -> int | None:

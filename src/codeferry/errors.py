@@ -56,6 +56,7 @@ __all__ = [
     "OptionalPackageMissing",
     "ConfigUnavailableError",
     "ModelTypeConflictError",
+    "ClassNotLoadedError",
     "StorePermissionError",
     "TicketPackageError",
     "RequestUnpicklingError",
@@ -526,6 +527,16 @@ class ModelTypeConflictError(CodeferryError, ValueError):
     def __init__(self, message: str, *, model_type: str = "", **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.model_type = model_type
+
+
+class ClassNotLoadedError(CodeferryError, KeyError):
+    """``load()``'s result has no class for this key: its import failed (the cause is that
+    failure, as ``LoadResult.failed`` holds it), or the model's ``auto_map`` names none.
+    ``key`` is the ``auto_map`` key asked for."""
+
+    def __init__(self, message: str, *, key: str = "", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.key = key
 
 
 class UnlockedCodeError(CodeferryError, RuntimeError):

@@ -86,3 +86,51 @@ def test_the_executor_generates_with_a_super_by_name_class(super_dir: Path) -> N
                             trust_remote_code=True) as ex:
         texts = ex.generate(["hello", "abc"], max_new_tokens=4)
     assert len(texts) == 2 and all(isinstance(t, str) for t in texts)
+
+
+@pytest.fixture(scope="module")
+def automodel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_real_world_model(tmp_path_factory.mktemp("amonly") / "m", "automodel_only",
+                                  name="amonly")
+
+
+def test_a_model_mapped_only_by_automodel_generates_as_its_users_call_it(
+        automodel_dir: Path) -> None:
+    """ChatGLM-6B's map (``AutoModel`` and ``AutoModelForSeq2SeqLM``, no causal LM key): the
+    executor generates with the mapped class that has ``generate``, the same greedy text
+    as ``AutoModel.from_pretrained(...).generate``, the way its users call it."""
+    import json
+
+    from transformers import AutoModel, AutoTokenizer
+
+    assert "AutoModelForCausalLM" not in json.loads(
+        (automodel_dir / "config.json").read_text())["auto_map"]
+    prompts = ["hello", "abc def"]
+    with codeferry.Executor(automodel_dir, workers=1, start_method="fork",
+                            trust_remote_code=True) as ex:
+        texts = ex.generate(prompts, max_new_tokens=5, do_sample=False)
+    codeferry.load(automodel_dir, trust_remote_code=True)
+    model = AutoModel.from_pretrained(automodel_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(automodel_dir)
+    expected = []
+    for prompt in prompts:
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+        out = model.generate(ids, max_new_tokens=5, do_sample=False,
+                             pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+        expected.append(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+    assert texts == expected
+
+
+def test_a_class_that_did_not_load_is_a_typed_error_naming_it(tmp_path: Path) -> None:
+    """``load()`` leaves out a class whose import fails, in ``.failed``; asking for it is
+    that failure, typed, naming the class: never a bare ``KeyError``."""
+    from codeferry.errors import ClassNotLoadedError
+
+    root = write_real_world_model(tmp_path / "m", "vision_missing_package", name="vis")
+    classes = codeferry.load(root, trust_remote_code=True)
+    failed = next(iter(classes.failed))
+    with pytest.raises(ClassNotLoadedError, match=f"{failed} did not load") as info:
+        classes[failed]
+    assert info.value.__cause__ is classes.failed[failed] and info.value.key == failed
+    with pytest.raises(KeyError, match="names no AutoModelForSeq2SeqLM"):
+        classes["AutoModelForSeq2SeqLM"]

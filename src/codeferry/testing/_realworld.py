@@ -29,6 +29,10 @@ Each variant is a factory model (``write_model``) with one change that real fold
     the causal LM overrides ``from_pretrained`` and calls ``super(ItsClass, cls)`` by the
     module's name for its class, as Baichuan2's does: whatever gives it ``generate()`` must
     leave that name bound to the class itself.
+``automodel_only``
+    ``auto_map`` names no ``AutoModelForCausalLM``: ``AutoModel`` and
+    ``AutoModelForSeq2SeqLM`` both map the causal LM, as ChatGLM-6B's does (users call
+    ``AutoModel.from_pretrained(...).generate``).
 
 The packages named are real ones that codeferry's test environments do not install;
 tests check that they are really absent.
@@ -54,6 +58,7 @@ REAL_WORLD_KINDS: tuple[str, ...] = (
     "lfs_config",
     "no_generation_hooks",
     "super_from_pretrained",
+    "automodel_only",
 )
 
 #: Packages the variants import that must not be installed where the tests run.
@@ -182,4 +187,10 @@ def write_real_world_model(path: str | os.PathLike[str], kind: str, name: str = 
             f"        return super({prefix}ForCausalLM, cls).from_pretrained(\n"
             "            pretrained_model_name_or_path, *model_args, **kwargs)\n\n")
         modeling.write_text(text.replace(anchor, override + anchor, 1), encoding="utf-8")
+    elif kind == "automodel_only":
+        config = root / "config.json"
+        data = json.loads(config.read_text(encoding="utf-8"))
+        head = data["auto_map"].pop("AutoModelForCausalLM")
+        data["auto_map"].update(AutoModel=head, AutoModelForSeq2SeqLM=head)
+        config.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     return root

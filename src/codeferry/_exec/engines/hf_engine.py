@@ -17,7 +17,10 @@ from ..generate.params import GenerateResult, Request, SamplingParams
 from .base import Complete
 from .spec import WorkerSpec
 
-__all__ = ["TransformersEngine"]
+__all__ = ["GENERATING_HEADS", "TransformersEngine"]
+
+#: The ``auto_map`` keys that may generate, in the order a worker looks for one.
+GENERATING_HEADS = ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoModel")
 
 
 class TransformersEngine:
@@ -74,12 +77,26 @@ class TransformersEngine:
             if fallback is not None:
                 self.tokenizer.pad_token = fallback
 
+    def head_for(self, kind: str) -> str:
+        """The ``auto_map`` key whose class serves ``kind``: ``AutoModel`` embeds; ``score``
+        reads a causal LM's logits; ``generate`` takes the first generative head the model
+        maps, ``AutoModelForCausalLM``, else ``AutoModelForSeq2SeqLM``, else an ``AutoModel``
+        class with ``generate`` (ChatGLM-6B maps only those two, to its causal LM)."""
+        if kind == "embed":
+            return "AutoModel"
+        if kind != "generate" or "AutoModelForCausalLM" in self.classes:
+            return "AutoModelForCausalLM"
+        for key in GENERATING_HEADS[1:]:
+            if hasattr(self.classes.get(key), "generate"):
+                return key
+        return "AutoModelForCausalLM"  # a native head, or the model's own class's error
+
     def model_for(self, kind: str) -> Any:
         import torch
-        from transformers import AutoModel, AutoModelForCausalLM
+        import transformers
 
-        auto = AutoModel if kind == "embed" else AutoModelForCausalLM
-        key = auto.__name__
+        key = self.head_for(kind)
+        auto = getattr(transformers, key)
         failed = getattr(self.classes, "failed", {})
         if key in failed:  # the model's own class could not load: say why, not "not found"
             raise failed[key]
@@ -94,7 +111,7 @@ class TransformersEngine:
         """Serve ``kind`` with ``model`` (built by ``model_for``, or by the doctor from the
         config): on the device, in eval mode; for ``generate`` the path it takes
         (``stream.choose``, which needs the tokenizer's pad token)."""
-        key = "AutoModel" if kind == "embed" else "AutoModelForCausalLM"
+        key = self.head_for(kind)
         self.models[key] = model.to(self.spec.device).eval()
         if self.spec.device.split(":")[0] == "cpu" and _settings.cpu_pack_enabled():
             from ..generate.packing import pack_linears
@@ -109,7 +126,7 @@ class TransformersEngine:
     def info(self) -> dict[str, Any]:
         """What the ready message tells the parent: classes, and how ``generate`` runs."""
         path, why = self.generate_path or (None, "generate is not preloaded")
-        model = self.models.get("AutoModelForCausalLM")
+        model = self.models.get(self.head_for("generate"))
         temperature = getattr(getattr(model, "generation_config", None), "temperature", None)
         return {"classes": sorted(self.classes), "generate_path": path, "generate_reason": why,
                 "packed_linears": sum(self.packed.values()), "engine": "transformers",
