@@ -17,8 +17,10 @@ Input (UTF-8 JSON Lines or text, one input per line; blank lines are skipped; ``
 * any other line is plain text, used whole (without its line ending); its ``id`` is its
   1-based line number in the file, as an integer.
 
-Ids must be unique; a string holding a lone surrogate (JSON ``"\\udfff"``) is refused. A
-file that is one JSON array (``[{...}, {...}]``) is refused with the fix. Bad input raises
+Ids must be unique. A JSON line whose strings (keys too) hold a lone surrogate (JSON
+``"\\udfff"``), that nests more than ``MAX_DEPTH`` levels or holds an integer of more digits
+than Python reads is refused. A file that is one JSON array (``[{...}, {...}]``) is refused
+with the fix. Bad input raises
 ``InputFormatError`` (``SamplingParamsError`` for a bad parameter) naming ``file:line``
 before anything is written.
 """
@@ -53,6 +55,9 @@ RESERVED = frozenset({"id", "output", "outputs", "error", "finish_reason", "stop
 _PARAMS = frozenset(f.name for f in dataclasses.fields(SamplingParams)) | {
     "max_completion_tokens", "max_new_tokens", "min_new_tokens"}
 _STDIN = "<stdin>"
+#: The most levels a JSON line may nest (a chat request's content parts take 6): deeper, the
+#: run record's digests, the output line or the pickle to a worker would overflow the stack.
+MAX_DEPTH = 100
 
 
 @dataclass(frozen=True)
@@ -164,6 +169,8 @@ def _refuse_array(path: Path, data: bytes) -> None:
         whole = json.loads(data.decode("utf-8-sig"))
     except (UnicodeDecodeError, json.JSONDecodeError):
         return  # text lines that start with "[": plain text
+    except (ValueError, RecursionError) as exc:  # JSON, but more than Python reads
+        raise _unreadable(path, 1, exc) from None
     if isinstance(whole, list):
         raise _input_error(path, 1, f"the file is one JSON array (of {len(whole)} items), not "
                            "JSON Lines.", "write one JSON object per line (JSON Lines), e.g. "
@@ -179,10 +186,63 @@ def _object(path: Path, number: int, line: str) -> dict[str, Any]:
             'write one JSON object per line, e.g. {"id": "a1", "prompt": "Hello"}; a line '
             "that does not start with '{' is read as plain text.",
         ) from None
+    except (ValueError, RecursionError) as exc:
+        raise _unreadable(path, number, exc) from None
     if not isinstance(row, dict):
         raise _input_error(path, number, "the line is not a JSON object.",
                            'write one JSON object per line, e.g. {"id": "a1", "prompt": "Hello"}.')
+    _check_tree(path, number, row)
     return row
+
+
+def _unreadable(path: Path, number: int, exc: ValueError | RecursionError) -> InputFormatError:
+    """JSON that Python's reader refuses to build: nested past the stack, or an integer of
+    more digits than ``int`` converts (its only ``ValueError`` besides a syntax error)."""
+    if isinstance(exc, RecursionError):
+        return _too_deep(path, number)
+    return _input_error(
+        path, number, f"a number has more than {sys.get_int_max_str_digits()} digits, more "
+        "than Python reads.", 'write a long id as a string ("id": "1234..."); no parameter '
+        "takes a number that long.")
+
+
+def _too_deep(path: Path, number: int) -> InputFormatError:
+    return _input_error(path, number, f"the line nests arrays or objects more than {MAX_DEPTH} "
+                        "levels deep.", "flatten it: no request nests that deep (a chat "
+                        "message's content parts are 6 levels).")
+
+
+def _check_tree(path: Path, number: int, row: dict[str, Any]) -> None:
+    """Every string of the line (keys too) is text, and it nests at most ``MAX_DEPTH``
+    levels: whatever encodes it later (the record's digests, the output line, a worker's
+    pickle) cannot fail on it. Walked with a list, not recursion, in the line's order."""
+    todo: list[tuple[Any, str, int]] = [(row, "", 1)]
+    while todo:
+        value, name, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            raise _too_deep(path, number)
+        if isinstance(value, dict):
+            children = []
+            for key, item in value.items():
+                shown = key if _encodable(key) else json.dumps(key)[1:-1]  # escaped
+                where = f"{name}.{shown}" if name else shown
+                if shown is not key:
+                    _check_encodable(path, number, where, key)
+                children.append((item, where, depth + 1))
+            todo.extend(reversed(children))
+        elif isinstance(value, list):
+            todo.extend((item, f"{name}[{i}]", depth + 1)
+                        for i, item in reversed(list(enumerate(value))))
+        elif isinstance(value, str) and not _encodable(value):
+            _check_encodable(path, number, name, value)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _json_item(path: Path, number: int, line: str, keys: tuple[str, str],

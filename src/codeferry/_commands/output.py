@@ -98,7 +98,7 @@ def _read_existing(data: bytes, path: Path, items: Sequence[InputItem], task: Ta
         end = start + len(raw) + 1
         try:
             row = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (ValueError, RecursionError):  # not UTF-8 or not JSON, or more than Python reads
             row = None
         if not isinstance(row, dict) or "id" not in row:
             if number == len(complete) and not last and _torn(raw):

@@ -119,8 +119,10 @@ def check_record(output: Path, producer: dict[str, Any], items: Sequence[InputIt
     failure: OSError | ValueError | None = None
     try:
         recorded = json.loads(path.read_bytes())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: not UTF-8, not JSON, a huge integer
         failure = exc
+    except RecursionError:
+        failure = ValueError("it nests too deep to read")
     kept = recorded.get("options") if isinstance(recorded, dict) else None
     if pending and isinstance(kept, dict):
         producer = {**producer, "options": {**producer["options"],
@@ -220,7 +222,7 @@ def write_summary(output: Path, summary: dict[str, Any]) -> None:
     """Add what a run did (``summary``) to the record beside ``output``, replaced whole."""
     try:
         record = json.loads(record_path(output).read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return  # no record to add it to (a record that cannot be read is refused on resume)
     if isinstance(record, dict):
         write_record(output, {**record, "summary": summary})
