@@ -40,7 +40,7 @@ from ..errors import InvalidAutoMapError
 from .automap import AUTO_MAP_FILES, ClassRef, line_of, parse_reference
 
 __all__ = ["DOOR_FILES", "KERNEL_FIELDS", "Door", "custom_pipeline_refs", "find_doors",
-           "is_kernel_repo", "kernel_repo", "kernel_repos", "render_doors"]
+           "is_kernel_repo", "kernel_references", "kernel_repo", "kernel_repos", "render_doors"]
 
 #: The JSON files a door can be named in: those that carry an ``auto_map``, and the
 #: generation config (``from_pretrained`` reads it with the model's own keywords).
@@ -58,18 +58,39 @@ KERNEL_FIELDS: tuple[str, ...] = (
     "_experts_implementation_internal",
 )
 
-#: transformers' own pattern of a Hub kernel (``integrations.hub_kernels.is_kernel``), with
-#: the ``paged|`` prefix some releases accept.
-_KERNEL = re.compile(r"^(?:[a-z_]+\|)?[^/:|]+/[^/:|]+(?:@[^/:|]+)?(?::[^/:|]+)?$")
+#: transformers' own pattern of a Hub kernel (``integrations.hub_kernels.is_kernel``; 4.53's
+#: inline pattern is narrower). Its classes let ``|`` through: ``"x|org/repo"`` matches.
+_KERNEL = re.compile(r"^[^/:]+/[^/:]+(?:@[^/:]+)?(?::[^/:]+)?$")
+
+
+def kernel_references(value: Any) -> tuple[str, ...]:
+    """Every Hub kernel reference transformers may read out of ``value``, at any release:
+    the whole value (4.53 passes its repo part, prefix and all, to ``get_kernel``; 5.x checks
+    it with ``is_kernel`` first), what follows the first ``|`` (5.x's
+    ``load_and_register_attn_kernel``: ``split("|")[1]``, whatever the prefix) and what
+    follows the last (the MSA kernel's loader), each also after ``paged|`` is removed
+    (``modeling_utils``). A reading transformers would reject is listed too: refusing it
+    costs nothing, missing one fetches code."""
+    if not isinstance(value, str):
+        return ()
+    found: list[str] = []
+    for text in (value, value.strip(), value.removeprefix("paged|")):
+        parts = text.split("|")
+        for part in (text, parts[1] if len(parts) > 1 else text, parts[-1]):
+            for candidate in (part, part.strip()):
+                if _KERNEL.match(candidate) and candidate not in found:
+                    found.append(candidate)
+    return tuple(found)
 
 
 def is_kernel_repo(value: Any) -> bool:
-    """Whether ``value`` names a Hub kernel the way transformers recognises one."""
-    return isinstance(value, str) and _KERNEL.match(value.strip()) is not None
+    """Whether transformers may read ``value`` as a Hub kernel (``kernel_references``)."""
+    return bool(kernel_references(value))
 
 
 def kernel_repo(value: str) -> str:
-    """The repo id of a kernel reference (``paged|org/repo@rev:func`` -> ``org/repo``)."""
+    """The repo id of a kernel reference (``x|org/repo@rev:func`` -> ``org/repo``): what
+    follows the last ``|``, so that 4.53's whole-value reading names the same repo."""
     value = value.strip().rsplit("|", 1)[-1]
     return value.split(":", 1)[0].split("@", 1)[0].strip()
 
@@ -191,7 +212,7 @@ def doors_of(data: Any, *, filename: str, text: str) -> list[Door]:
 def _kernels_in(value: Any) -> tuple[str, ...]:
     """The kernel repos a field's value names: a string, or a per-sub-config mapping."""
     values = value.values() if isinstance(value, dict) else [value]
-    return tuple(sorted({kernel_repo(v) for v in values if is_kernel_repo(v)}))
+    return tuple(sorted({kernel_repo(r) for v in values for r in kernel_references(v)}))
 
 
 def _read(path: Path) -> tuple[Any, str] | None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._code.doors import is_kernel_repo, kernel_repo, kernel_repos
+from .._code.doors import kernel_references, kernel_repo, kernel_repos
 from .._code.source import locate
 from .._hf import patches
 from .._trust.decide import kernel_refusal, kernelize_refused, kernelize_skipped
@@ -75,7 +75,7 @@ def _call_of(model: Any, kwargs: dict[str, Any]) -> _Call:
     for key in ("attn_implementation", "experts_implementation"):
         value = kwargs.get(key)
         values = value.values() if isinstance(value, dict) else [value]
-        named += [kernel_repo(v) for v in values if isinstance(v, str) and "/" in v]
+        named += [kernel_repo(r) for v in values for r in kernel_references(v)]
     return _Call(model, bool(kwargs.get("trust_remote_code")), tuple(named),
                  bool(kwargs.get("use_kernels") or kwargs.get("kernel_config")),
                  kwargs.get("revision"), kwargs.get("cache_dir"))
@@ -155,9 +155,8 @@ def _gated_attn_kernel(original: Any) -> Any:
     installed before it calls ``get_kernel``, so the decision comes first here."""
 
     def load_and_register_attn_kernel(attn_implementation: Any, *args: Any, **kwargs: Any) -> Any:
-        name = str(attn_implementation).rsplit("|", 1)[-1]
-        if is_kernel_repo(name):
-            check_kernel(name)
+        for reference in kernel_references(attn_implementation):  # as transformers reads it
+            check_kernel(reference)
         return original(attn_implementation, *args, **kwargs)
 
     load_and_register_attn_kernel.__wrapped__ = original  # type: ignore[attr-defined]
