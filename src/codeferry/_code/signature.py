@@ -51,7 +51,8 @@ def key_id(public_key: str | os.PathLike[str]) -> str:
     _model_signing()  # cryptography comes with it
     path = Path(public_key)
     try:
-        return public_key_id(path.read_bytes())
+        pem = path.read_bytes()
+        key = public_key_id(pem)
     except OSError as exc:
         raise ModelSignatureError(
             f"public key {path} cannot be read: {exc.strerror or exc}.", path=str(path),
@@ -61,6 +62,39 @@ def key_id(public_key: str | os.PathLike[str]) -> str:
             f"{path} is not a PEM public key ({exc}).", path=str(path),
             fix="pass the PEM file of the signer's public key (`-----BEGIN PUBLIC KEY-----`).",
         ) from None
+    kind = _unsupported_kind(pem)
+    if kind is not None:
+        raise ModelSignatureError(
+            f"the public key is {kind}; model signatures are checked with elliptic-curve keys only "
+            f"(ECDSA on {', '.join(_CURVES.values())}, as `model_signing sign key` makes them).",
+            path=str(path), key=key,
+            fix="pass the signer's EC public key (`openssl ec -in PRIVATE.pem -pubout`); a "
+            "model signed another way is checked with model_signing itself (`model_signing "
+            "verify sigstore` or `verify certificate`).")
+    return key
+
+
+#: The curves model_signing's key-based signatures use (its ``sign_ec_key``), and their names.
+_CURVES = {"secp256r1": "P-256", "secp384r1": "P-384", "secp521r1": "P-521"}
+
+
+def _unsupported_kind(pem: bytes) -> str | None:
+    """What kind of key ``pem`` (a public key that loads) is, when model_signing's key-based
+    verifier cannot use it (it reads ``key.curve`` unchecked: an RSA key raised
+    ``AttributeError``); ``None``: an EC key on a curve it supports."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
+
+    key = serialization.load_pem_public_key(pem)
+    if isinstance(key, ec.EllipticCurvePublicKey):
+        return None if key.curve.name in _CURVES else f"an EC key on curve {key.curve.name}"
+    if isinstance(key, rsa.RSAPublicKey):
+        return f"an RSA key ({key.key_size} bits)"
+    if isinstance(key, dsa.DSAPublicKey):
+        return f"a DSA key ({key.key_size} bits)"
+    kinds = ((ed25519.Ed25519PublicKey, "an Ed25519 key"), (ed448.Ed448PublicKey, "an Ed448 key"))
+    return next((name for cls, name in kinds if isinstance(key, cls)),
+                f"a {type(key).__name__} key")
 
 
 def check_signature(root: str | os.PathLike[str], public_key: str | os.PathLike[str] | None,
