@@ -26,18 +26,26 @@ Each row has its own options (``RowOptions``): new-token limits, end-of-sequence
 greedy or sampled (temperature, top-k, top-p, seed). Greedy rows give ``generate``'s tokens
 (positions from the attention mask as ``generate`` computes them, float32 argmax);
 ``tests/exec/generate/test_decode.py`` checks it token for token. A model whose cache is not plain
-full attention (sliding windows, states), or whose ``forward`` lacks what the loop passes,
-is not run here: ``supports`` says so, and the worker's probe (``stream.probe``) compares
-the loop with ``generate`` on the model itself before taking it.
+full attention (sliding windows, states) is not run here: ``supports`` says so, and the
+worker's probe (``stream.probe``) compares the loop with ``generate`` on the model itself
+before taking it.
+
+What the loop relies on in transformers, each decided by what the model does, not by the
+names of its parameters (releases rename them: 5.25's forwards take ``cache``, not
+``past_key_values``): the keywords the cache and ``logits_to_keep`` go in (``calling.py``:
+a two-token forward per spelling transformers has used, once per model); the layered cache (``DynamicCache(config=...)``, its
+``DynamicLayer``s, which ``_Layer`` extends: ``supports`` refuses a transformers without
+them, and any other cache layer kind); the rest (``attention_mask``, ``position_ids``) the
+probe decides: tokens equal to ``generate``'s, rows leaving and joining.
 """
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Any
 
 from .attention import SPANS, cache_dtype
+from .calling import Calling, calling
 from .cuts import prefill_runs, spans
 
 __all__ = ["Engine", "RowOptions", "decode", "ids", "rows_for", "supports"]
@@ -68,16 +76,12 @@ def ids(value: Any) -> tuple[int, ...]:
 
 
 def supports(model: Any) -> str | None:
-    """``None`` when the loop can drive ``model``; otherwise why not."""
-    from transformers.cache_utils import DynamicCache, DynamicLayer
-
+    """``None`` when the loop's cache fits ``model`` (plain full-attention layers); otherwise
+    why not. Whether the loop then drives it is ``calling``'s and the probe's to say."""
     try:
-        parameters = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return "its forward has no signature"
-    missing = {"past_key_values", "attention_mask", "position_ids"} - set(parameters)
-    if missing:
-        return f"its forward takes no {', '.join(sorted(missing))}"
+        from transformers.cache_utils import DynamicCache, DynamicLayer
+    except ImportError:
+        return "this transformers has no layered cache (cache_utils.DynamicLayer)"
     try:
         cache = DynamicCache(config=model.config)
     except Exception as exc:  # noqa: BLE001 - a config transformers cannot build a cache for
@@ -193,11 +197,8 @@ def _layer_class() -> Any:
 class _Batch:
     """The rows being decoded: their cache, attention mask, positions and tokens so far."""
 
-    def __init__(self, model: Any, layer: Any, store: Any = None) -> None:
-        self.model, self.layer, self.store = model, layer, store
-        #: Whether ``forward`` passes keywords on (to attention, where ``SPANS`` is read).
-        self.spans = any(p.kind is p.VAR_KEYWORD
-                         for p in inspect.signature(model.forward).parameters.values())
+    def __init__(self, model: Any, layer: Any, store: Any, call: Calling) -> None:
+        self.model, self.layer, self.store, self.call = model, layer, store, call
         self.cache: Any = None
         self.mask: Any = None      # [rows, cache length + 1]: the real tokens, then the next
         self.position: Any = None  # [rows, 1]: the next token's position in its row
@@ -206,14 +207,7 @@ class _Batch:
         self.done: list[bool] = []
 
     def new_cache(self, capacity: int) -> Any:
-        from transformers.cache_utils import DynamicCache
-
-        cache = DynamicCache(config=self.model.config)
-        layers = [self.layer() for _ in cache.layers]
-        for layer in layers:
-            layer.capacity, layer.store = capacity, self.store
-        cache.layers = layers
-        return cache
+        return _new_cache(self.model, self.layer, capacity, self.store)
 
     def prefill(self, prompts: list[list[int]], indices: list[int], pad: int,
                 capacity: int, keep: bool) -> Any:
@@ -225,11 +219,12 @@ class _Batch:
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
         position = (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 1)
         cache = self.new_cache(capacity if self.cache is None else width)
-        kwargs = {"logits_to_keep": 1} if keep else {}
+        call = self.call
+        kwargs = {call.keep: 1} if keep and call.keep else {}
         out = self.model(input_ids=ids.to(self.model.device),
                          attention_mask=mask.to(self.model.device),
                          position_ids=position.to(self.model.device),
-                         past_key_values=cache, use_cache=True, **kwargs)
+                         **{call.cache: cache}, **call.options, **kwargs)
         logits = out.logits[:, -1, :].float()
         last = mask.sum(-1, keepdim=True)
         if self.cache is None:
@@ -271,13 +266,25 @@ class _Batch:
                                                      dtype=self.mask.dtype)], dim=1)
         device = self.model.device
         extra = {}
-        if self.store is not None and self.spans:  # codeferry's attention: rows in runs
+        if self.store is not None and self.call.spans:  # codeferry's attention: rows in runs
             extra[SPANS] = spans(tuple(self.mask.int().argmax(-1).tolist()))
         out = self.model(input_ids=self.last.to(device), attention_mask=self.mask.to(device),
-                         position_ids=self.position.to(device), past_key_values=self.cache,
-                         use_cache=True, **extra)
+                         position_ids=self.position.to(device),
+                         **{self.call.cache: self.cache}, **self.call.options, **extra)
         self.position = self.position + 1
         return out.logits[:, -1, :].float()
+
+
+def _new_cache(model: Any, layer: Any, capacity: int, store: Any) -> Any:
+    """A ``DynamicCache`` for ``model`` whose layers are ``layer``s (``_Layer``)."""
+    from transformers.cache_utils import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    layers = [layer() for _ in cache.layers]
+    for one in layers:
+        one.capacity, one.store = capacity, store
+    cache.layers = layers
+    return cache
 
 
 def _pad_left(mask: Any, width: int) -> Any:
@@ -356,8 +363,11 @@ class Engine:
 
     def __init__(self, model: Any, *, pad_token_id: int, max_rows: int | None = None) -> None:
         self.model, self.pad, self.max_rows = model, pad_token_id, max_rows
-        self.keep = "logits_to_keep" in inspect.signature(model.forward).parameters
-        self.batch = _Batch(model, _layer_class(), cache_dtype(model))
+        call = calling(model)
+        if isinstance(call, str):
+            raise ValueError(f"the decode loop cannot call this model: {call}")
+        self.keep = call.keep is not None
+        self.batch = _Batch(model, _layer_class(), cache_dtype(model), call)
         self.prompts: dict[int, list[int]] = {}
         self.options: dict[int, RowOptions] = {}
         self.outputs: dict[int, list[int]] = {}

@@ -18,6 +18,7 @@ from typing import Any
 
 from ... import _settings
 from .attention import disable, enable
+from .calling import calling
 from .complete import Planned, Planner, Requests, loop_rows, plan
 from .decode import Engine, RowOptions, decode, ids, supports
 from .generation import choose_path
@@ -145,6 +146,9 @@ def probe(model: Any, pad: int) -> str | None:
     vocab = int(getattr(model.config.get_text_config(), "vocab_size", 0) or 0)
     if vocab < 8:
         return "the model has no usable vocab_size"
+    call = calling(model)
+    if isinstance(call, str):
+        return call
     prompts = [[(3 + 5 * i) % vocab for i in range(7)], [(4 + 3 * i) % vocab for i in range(3)],
                [(5 + 7 * i) % vocab for i in range(5)]]
     lengths = (6, 3, 5)
