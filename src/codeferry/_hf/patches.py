@@ -27,7 +27,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["original", "patch", "patched", "rebind", "restore", "restore_all"]
+__all__ = ["original", "patch", "patched", "rebind", "registered", "restore", "restore_all"]
 
 _lock = threading.RLock()
 
@@ -70,6 +70,12 @@ def patch(owner: Any, name: str, new: Any, *, everywhere: bool = False) -> Any:
 def patched(owner: Any, name: str) -> bool:
     with _lock:
         return (id(owner), name) in _patches
+
+
+def registered() -> list[tuple[Any, str, Any]]:
+    """``(owner, name, new)`` of every patch in force, oldest first."""
+    with _lock:
+        return [(p.owner, p.name, p.new) for p in _patches.values()]
 
 
 def original(owner: Any, name: str) -> Any:

@@ -66,6 +66,8 @@ class _Call:
 
 _calls: contextvars.ContextVar[tuple[_Call, ...]] = contextvars.ContextVar(
     "codeferry_from_pretrained", default=())
+_kernelizing: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "codeferry_kernelizing", default=False)  # inside a gated kernelize that passed
 _lock_in_force: Callable[[], bool] = lambda: False  # noqa: E731 - set by install()
 _active: Callable[[], bool] = lambda: False  # noqa: E731 - set by install()
 
@@ -178,19 +180,26 @@ def _maps_kernels(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return bool(getattr(config, "kernel_mapping", None)) or bool(inherits)
 
 
-def _gated_kernelize(original: Any) -> Any:
+def _gated_kernelize(original: Any, *, returns_model: bool = False) -> Any:
+    """transformers' ``kernelize`` (returns nothing), or with ``returns_model`` the ``kernels``
+    package's own (transformers 4.53 and the GGUF layers call it directly; returns the model)."""
+
     def kernelize(*args: Any, **kwargs: Any) -> Any:
-        if not _active():
-            return original(*args, **kwargs)
+        if not _active() or (returns_model and _kernelizing.get()):
+            return original(*args, **kwargs)  # inside transformers' gated one: decided there
         locked = _lock_in_force()
         stack = _calls.get()  # no from_pretrained around it: the caller's own call
         if kernelize_skipped(locked=locked, caller_asked=not stack or stack[0].asked_kernels):
             logger.info("a lock binds this process: transformers' default Hub "
                         "kernelization is left out; the model keeps its own layers")
-            return None
+            return kwargs.get("model", args[0] if args else None) if returns_model else None
         if kernelize_refused(locked=locked, maps_kernels=_maps_kernels(args, kwargs)):
             check_kernel("kernels/kernelize", asked=True)
-        return original(*args, **kwargs)
+        token = _kernelizing.set(True)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _kernelizing.reset(token)
 
     kernelize.__wrapped__ = original  # type: ignore[attr-defined]
     return kernelize
@@ -235,10 +244,13 @@ def gate_module(module: Any) -> None:
         kernels = sys.modules.get("kernels")  # executed before it, when the package is there
         if kernels is not None:
             gate_module(kernels)
-    elif name == "kernels":  # transformers' wrapper calls the package's own
+    elif name == "kernels":  # transformers' wrappers call the package's own, 4.53 only these
         if hasattr(module, "get_kernel") and not patches.patched(module, "get_kernel"):
             patches.patch(module, "get_kernel", _gated_get_kernel(module.get_kernel),
                           everywhere=True)
+        if hasattr(module, "kernelize") and not patches.patched(module, "kernelize"):
+            patches.patch(module, "kernelize",
+                          _gated_kernelize(module.kernelize, returns_model=True), everywhere=True)
 
 
 def _record(owner: type) -> None:
