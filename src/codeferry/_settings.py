@@ -34,6 +34,7 @@ __all__ = [
     "environment_with",
     "hub_endpoint",
     "install_switch",
+    "lock_switched_off",
     "set_lock_file",
     "vllm_in_process",
     "lock_file",
@@ -127,7 +128,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         ("CODEFERRY_INSTALL",),
         "unset (off)",
-        "`1` (or `true`, `yes`, `on`) with codeferry's boot folder first on `PYTHONPATH` (what `codeferry exec` sets; `codeferry exec --print-env` prints both): every Python process routes transformers' remote-code loading through codeferry, as after `install()`, from its import of transformers on (see \"No change to your code\")",
+        "`1` (or `true`, `yes`, `on`) with codeferry's boot folder first on `PYTHONPATH` (what `codeferry exec` sets; `codeferry exec --print-env` prints both): every Python process routes transformers' remote-code loading through codeferry, as after `install()`, from its import of transformers on (see \"No change to your code\"); set to anything else while `CODEFERRY_LOCK` is set, every process that would load remote code refuses (`PluginDisabledUnderLockError`)",
     ),
     Setting(
         ("PYTHONPATH",),
@@ -292,6 +293,26 @@ def install_switch() -> bool:
     """``CODEFERRY_INSTALL``: whether a process started with codeferry's boot folder on its
     path routes remote code through codeferry (``codeferry exec`` sets it)."""
     return (os.environ.get("CODEFERRY_INSTALL") or "").strip().upper() in _TRUE
+
+
+def lock_switched_off(*, vllm: bool = False) -> str | None:
+    """The one rule for a lock with codeferry switched off: a lock nothing enforces binds
+    nothing, so when ``CODEFERRY_LOCK`` names one and a switch turns codeferry off in this
+    process, the switch as ``NAME=value``, and the process refuses, typed
+    (``PluginDisabledUnderLockError``), before any remote code can load: the boot of
+    ``codeferry exec`` when transformers' ``dynamic_module_utils`` is imported, the vLLM
+    plugin (``vllm``) in ``register()``. ``None``: no lock, or nothing switched off.
+
+    ``CODEFERRY_INSTALL`` set to anything but a true value switches codeferry off in every
+    process (unset, it is simply not asked for); ``CODEFERRY_VLLM_PLUGIN`` off, in vLLM's."""
+    if lock_file() is None:
+        return None
+    install = os.environ.get("CODEFERRY_INSTALL", "")
+    if install.strip() and not install_switch():
+        return f"CODEFERRY_INSTALL={install}"
+    if vllm and not vllm_plugin_enabled():
+        return f"CODEFERRY_VLLM_PLUGIN={os.environ.get('CODEFERRY_VLLM_PLUGIN')}"
+    return None
 
 
 def python_path() -> list[str]:

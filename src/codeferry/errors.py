@@ -552,9 +552,14 @@ class UnlockedCodeError(CodeferryError, RuntimeError):
 
 
 class PluginDisabledUnderLockError(CodeferryError, RuntimeError):
-    """``CODEFERRY_LOCK`` is set, but codeferry's vLLM plugin is switched off
-    (``CODEFERRY_VLLM_PLUGIN=0``): the lock would bind nothing, so the process refuses to
-    start instead of running unchecked code."""
+    """``CODEFERRY_LOCK`` is set, but a switch turns codeferry off in this process
+    (``CODEFERRY_VLLM_PLUGIN=0`` in vLLM's, ``CODEFERRY_INSTALL=0`` in any): the lock would
+    bind nothing, so the process refuses (vLLM's to start, any other to import transformers'
+    remote-code loader) instead of running unchecked code. ``switch`` names the variable."""
+
+    def __init__(self, message: str, *, switch: str = "", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.switch = switch
 
 
 class HubKernelRefusedError(CodeferryError, PermissionError):

@@ -11,9 +11,11 @@ codeferry's resolver and loader (sub-package helpers, ``from . import x``, one c
 class, verified bytes) with nothing to change in the user's script.
 
 - It is on whenever codeferry is installed; ``CODEFERRY_VLLM_PLUGIN=0`` switches it off,
-  except under ``CODEFERRY_LOCK``: a lock nobody enforces would bind nothing, so
-  ``register()`` then logs at error level and raises ``PluginDisabledUnderLockError`` (vLLM
-  calls its general plugins without catching: the process does not start).
+  except under ``CODEFERRY_LOCK``: a lock nobody enforces would bind nothing, so with a
+  lock ``register()`` logs at error level and raises ``PluginDisabledUnderLockError`` when
+  either that switch or ``CODEFERRY_INSTALL=0`` is off (``_settings.lock_switched_off``, the
+  exec boot's rule too; vLLM calls its general plugins without catching: the process does
+  not start).
 - It decides no trust: vLLM passes ``trust_remote_code`` to transformers, which calls the
   hooked function only after its own check passed; models without remote code never
   reach it, and models codeferry cannot locate go on to transformers as before.
@@ -45,18 +47,20 @@ def register() -> None:
     ``PluginDisabledUnderLockError``, each logged at error level first.
     """
     log = logging.getLogger("vllm.codeferry")
+    switched = _settings.lock_switched_off(vllm=True)  # the rule the exec boot follows too
+    if switched is not None:
+        switch = switched.partition("=")[0]
+        error = PluginDisabledUnderLockError(
+            f"CODEFERRY_LOCK={_settings.lock_file()} asks every vLLM process to run only "
+            f"locked code, but {switched} switches off codeferry, which enforces it; this "
+            "process refuses to start rather than run unchecked code.",
+            path=_settings.lock_file(), switch=switch,
+            fix=f"unset {switch} (the lock is then enforced), or unset CODEFERRY_LOCK to run "
+            "without a lock.",
+        )
+        log.error("codeferry: %s", error)
+        raise error
     if not _settings.vllm_plugin_enabled():
-        if _settings.lock_file():
-            error = PluginDisabledUnderLockError(
-                f"CODEFERRY_LOCK={_settings.lock_file()} asks every vLLM process to run only "
-                "locked code, but CODEFERRY_VLLM_PLUGIN=0 switches off the plugin that enforces "
-                "it; this process refuses to start rather than run unchecked code.",
-                path=_settings.lock_file(),
-                fix="unset CODEFERRY_VLLM_PLUGIN (the lock is then enforced), or unset "
-                "CODEFERRY_LOCK to run without a lock.",
-            )
-            log.error("codeferry: %s", error)
-            raise error
         return
     try:
         import transformers.dynamic_module_utils  # noqa: F401

@@ -6,7 +6,9 @@ puts this file's folder first on ``PYTHONPATH``, so this one is found. It
 
 1. reads ``CODEFERRY_INSTALL`` through codeferry's settings module, loaded from its file
    alone (the package would cost every process its imports); off: nothing more happens
-   here but step 3;
+   here but step 3, unless ``CODEFERRY_LOCK`` is set while ``CODEFERRY_INSTALL`` is set off
+   (``_settings.lock_switched_off``): then importing ``transformers.dynamic_module_utils``
+   raises ``PluginDisabledUnderLockError``, as the vLLM plugin refuses the same state;
 2. on: puts a finder (``codeferry/_install/watch.py``, also loaded from its file alone) on
    ``sys.meta_path`` that reacts to a few modules only: right after
    ``transformers.dynamic_module_utils`` executes, codeferry is imported and routes it
@@ -58,9 +60,24 @@ def _own(name: str, *parts: str) -> ModuleType:
     return module
 
 
-def _switch_on() -> bool:
-    """``CODEFERRY_INSTALL``, as ``codeferry._settings`` reads it."""
-    return bool(_own("_codeferry_boot_settings", "_settings.py").install_switch())
+def _refuse(module: ModuleType) -> None:
+    """A lock in the environment, and codeferry switched off in this process
+    (``_settings.lock_switched_off``, the vLLM plugin's rule too): importing transformers'
+    remote-code loader fails, typed, so nothing runs unlocked. Other processes are untouched."""
+    if module.__name__ != _ROUTE:
+        return
+    lock, switched = _REFUSAL
+    switch = switched.partition("=")[0]
+    message = (f"CODEFERRY_LOCK={lock} asks every process to run only locked code, but "
+               f"{switched} switches codeferry off in this one, which refuses to load remote "
+               "code rather than run unchecked code.")
+    fix = (f"unset {switch} (or set it to 1: the lock is then enforced), or unset "
+           "CODEFERRY_LOCK to run without a lock.")
+    try:
+        from codeferry.errors import PluginDisabledUnderLockError
+    except ImportError:  # as _route: no codeferry here, and still nothing runs unlocked
+        raise ImportError(f"{message} Fix: {fix}") from None
+    raise PluginDisabledUnderLockError(message, path=lock, switch=switch, fix=fix)
 
 
 def _route(module: ModuleType) -> None:
@@ -97,8 +114,13 @@ def _chain() -> None:
         raise
 
 
-if _switch_on():
+_SETTINGS = _own("_codeferry_boot_settings", "_settings.py")  # CODEFERRY_INSTALL, CODEFERRY_LOCK
+if _SETTINGS.install_switch():
     _watch = _own("_codeferry_boot_watch", "_install", "watch.py")
     if not _watch.watching(_WATCHED):
         sys.meta_path.insert(0, _watch.Watch(_WATCHED, _route))
+elif _SETTINGS.lock_switched_off() is not None:
+    _REFUSAL = (_SETTINGS.lock_file(), _SETTINGS.lock_switched_off())
+    _watch = _own("_codeferry_boot_watch", "_install", "watch.py")
+    sys.meta_path.insert(0, _watch.Watch(frozenset({_ROUTE}), _refuse))
 _chain()
