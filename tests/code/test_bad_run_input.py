@@ -119,7 +119,7 @@ def test_a_surrogate_added_to_a_resumed_input_leaves_the_output_as_it_was(
                       '{"id": "b", "prompt": "two", "stop": "\\udfff"}\n')
     written["in.jsonl"] = source.read_bytes()
     assert main(argv) == 1
-    out, err = capsys.readouterr()
+    err = capsys.readouterr().err
     assert err.count("\n") == 1 and "in.jsonl:2: " in err and '"stop" holds' in err
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == written
 

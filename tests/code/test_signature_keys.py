@@ -69,7 +69,7 @@ def test_a_public_key_of_another_kind_is_a_typed_error(
     capsys.readouterr()
     code = cli.main(["lock", str(signed), "--signature", "--public-key", str(public),
                      "-o", str(lock)])
-    out, text = capsys.readouterr()
+    text = capsys.readouterr().err
     assert code == 1 and text.count("\n") == 1 and "Traceback" not in text
     assert text.startswith(f"codeferry: error: {public}: ") and words in text and "Fix:" in text
     assert not lock.exists()  # nothing written
