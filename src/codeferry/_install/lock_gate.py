@@ -9,6 +9,8 @@ gate stands (``check_module``). Under a lock (``CODEFERRY_LOCK``, ``load(..., lo
 the module file and every file of the module cache it imports relatively must be locked
 bytes (same sha256, same path inside the model); anything else raises
 ``UnlockedCodeError`` before a line of it runs, whoever passed ``trust_remote_code=True``.
+What passes is executed by the gate from the bytes it hashed (``runtime.loader``), never
+from the file again nor from a ``.pyc`` someone put in the module cache.
 
 ``custom_generate`` itself (``custom_generate_in``) goes through codeferry like
 ``auto_map`` code when codeferry can locate the repo: resolved, decided (``decide_door``:
@@ -19,6 +21,9 @@ locate goes on to transformers, whose own trust check and this gate then apply.
 from __future__ import annotations
 
 import os
+import re
+import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +33,7 @@ from .._code.digest import file_sha256
 from .._code.source import locate
 from .._code.walk import DOORS
 from .._hf import patches
+from .._runtime import loader as _loader
 from .._trust.options import ModelOptions
 from ..errors import LockMismatchError, ModelNotFoundError, UnlockedCodeError
 
@@ -53,25 +59,90 @@ def check_module(module_path: str | os.PathLike[str], dmu: Any,
                  allowed: frozenset[tuple[str, str]], *, where: str | None) -> None:
     """Raise ``UnlockedCodeError`` unless ``module_path`` (relative to transformers' module
     cache, as ``get_class_in_module`` gets it) and every file it imports relatively are
-    files the lock lists, byte for byte. Unreadable is refused too: the gate fails closed."""
+    files the lock lists, byte for byte; then execute the module from those very bytes.
+    Unreadable is refused too: the gate fails closed.
+
+    Each file is read once: the relative imports are found in the bytes read (as
+    transformers' ``get_relative_imports`` finds them), and the bytes hashed are the bytes
+    executed, by codeferry's loader (``loader.serve_checked``), never a ``.pyc`` of the
+    module cache, which transformers' ``SourceFileLoader`` would run without comparing it
+    with the source (an unchecked-hash pyc; a timestamp pyc only by mtime and size). The
+    module then carries a hash transformers takes for its own (``_Executed``), so
+    ``get_class_in_module`` returns its class without reading the file again."""
     root = Path(dmu.HF_MODULES_CACHE)
     module_file = root / module_path
     door = door_of(str(module_path))
     by_sha: dict[str, set[str]] = {}
     for path, sha in allowed:
         by_sha.setdefault(sha, set()).add(path)
-    try:
-        files = [module_file, *sorted(map(Path, dmu.get_relative_import_files(module_file)))]
-    except (OSError, SyntaxError, ValueError) as exc:
-        raise _refused(module_file, door, where, f"cannot be read ({exc})") from None
-    for file in files:
+    name = os.path.normpath(module_path).removesuffix(".py").replace(os.sep, ".")
+    package = name.rpartition(".")[0]
+    files = {name: module_file}
+    checked: dict[str, tuple[str, bytes]] = {}
+    pending = [name]
+    while pending:
+        module = pending.pop()
+        file = files[module]
         try:
-            sha = file_sha256(file.read_bytes())
-        except OSError as exc:
+            data = file.read_bytes()
+            text = data.decode("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
             raise _refused(file, door, where, f"cannot be read ({exc})") from None
+        sha = file_sha256(data)
         rel = file.as_posix()
         if not any(rel.endswith("/" + p) for p in by_sha.get(sha, ())):
             raise _refused(file, door, where, f"(sha256:{sha}) is not a file the lock lists")
+        checked[module] = (str(file), data)
+        for imported in sorted(_relative_imports(text)):
+            other = f"{package}.{imported}" if package else imported
+            if other not in files:
+                files[other] = module_file.parent / f"{imported}.py"
+                pending.append(other)
+    _execute(name, checked)
+
+
+#: transformers' ``get_relative_imports``: ``import .x`` and ``from .x import ...``.
+_RELATIVE = (re.compile(r"^\s*import\s+\.(\S+)\s*$", re.MULTILINE),
+             re.compile(r"^\s*from\s+\.(\S+)\s+import", re.MULTILINE))
+_executing = threading.RLock()
+
+
+def _relative_imports(text: str) -> set[str]:
+    return {found for pattern in _RELATIVE for found in pattern.findall(text)}
+
+
+class _Executed(str):
+    """``__transformers_module_hash__`` of a module the gate executed: equal to any hash.
+
+    transformers executes a module again (from the file, through its ``.pyc``) when this
+    differs from the hash of the files it reads again after the gate; under a lock the gate
+    decides that instead (it runs before transformers, every call), so a file swapped after
+    the check is never executed by transformers."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str)
+
+    def __ne__(self, other: object) -> bool:
+        return not isinstance(other, str)
+
+    __hash__ = str.__hash__
+
+
+def _execute(name: str, checked: dict[str, tuple[str, bytes]]) -> None:
+    """Execute module ``name`` from ``checked`` (its bytes and its relative imports'),
+    unless the module ``sys.modules`` holds was executed by the gate from the same bytes."""
+    digest = file_sha256(b"".join(
+        f"{module}\0{file_sha256(data)}\n".encode() for module, (_, data) in sorted(checked.items())))
+    with _executing:
+        _loader.serve_checked(checked)
+        module = sys.modules.get(name)
+        if getattr(module, "__codeferry_checked__", None) == digest:
+            return
+        module = _loader.exec_checked(name)
+        module.__codeferry_checked__ = digest  # type: ignore[attr-defined]
+        module.__transformers_module_hash__ = _Executed(digest)  # type: ignore[attr-defined]
 
 
 def check_bundle(bundle: Bundle, allowed: frozenset[tuple[str, str]], *,

@@ -38,6 +38,13 @@ file" after the check gets those same bytes too:
   that ``inspect`` returns) see the bytes that run, never a disk copy.
 
 The store copy stays for processes that get only a digest (they verify it on read).
+
+Under a lock, the modules transformers executes from its own module cache
+(``get_class_in_module``, gated by ``_install.lock_gate``) are served the same way: the gate
+hands the bytes it checked to ``serve_checked`` and executes them with ``exec_checked``;
+from then on this finder answers for those names (and their packages, as empty packages)
+before any file on disk, so no ``__pycache__/*.pyc`` beside them is ever run, and a module
+of their folder that was not checked is refused.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ import linecache
 import sys
 import threading
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,13 +71,19 @@ from .store import Unit, read_unit, unit_path, write_unit
 
 __all__ = [
     "Registration", "PREFIX", "units_of", "register", "registration_for", "import_module",
-    "on_module_executed", "verified_dir",
+    "on_module_executed", "verified_dir", "serve_checked", "exec_checked",
 ]
 
 PREFIX = "codeferry._dyn"
 
 _lock = threading.RLock()
 _registrations: dict[str, Registration] = {}  # package name -> its registration
+#: Modules of transformers' module cache whose bytes a lock's gate checked: name -> (file,
+#: bytes); their packages (name -> folder), served empty; and the folders' own packages,
+#: where a module that was not checked is refused.
+_checked: dict[str, tuple[str, bytes]] = {}
+_checked_packages: dict[str, str] = {}
+_checked_folders: set[str] = set()
 #: Called after each module executes (``pickling`` marks its classes there).
 on_module_executed: list[Callable[[types.ModuleType, Registration], None]] = []
 
@@ -261,6 +274,86 @@ def _remember_lines(filename: str, data: bytes) -> None:
     linecache.cache[filename] = (len(text), None, lines, filename)
 
 
+class _CheckedLoader(importlib.abc.Loader):
+    """Executes a module of ``serve_checked`` from its checked bytes (``None``: a package)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
+        return None
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        with _lock:
+            found = _checked.get(self.name)
+        if found is None:
+            return  # a package holding checked modules: its __init__.py is never run
+        filename, data = found
+        _remember_lines(filename, data)
+        code = compile(data, filename, "exec", dont_inherit=True)
+        exec(code, module.__dict__)  # noqa: S102 - the bytes the gate checked
+
+    def get_source(self, fullname: str) -> str | None:
+        with _lock:
+            found = _checked.get(fullname)
+        return None if found is None else _decode(found[1])
+
+
+def _checked_spec(fullname: str) -> importlib.machinery.ModuleSpec | None:
+    """The spec of a module or package of ``serve_checked``; ``None`` for other names.
+
+    Raises ``ImportError`` for a module of a checked module's folder that was not checked."""
+    with _lock:
+        found = _checked.get(fullname)
+        folder = _checked_packages.get(fullname)
+        parent = fullname.rpartition(".")[0]
+        unchecked = found is None and folder is None and parent in _checked_folders
+    if unchecked:
+        raise ImportError(f"{fullname} is not a file the lock's gate checked: under a lock, "
+                          f"no other module of {parent} is read from disk", name=fullname)
+    if found is not None:
+        spec = importlib.machinery.ModuleSpec(fullname, _CheckedLoader(fullname),
+                                              origin=found[0])
+        spec.has_location = True
+        return spec
+    if folder is not None:
+        spec = importlib.machinery.ModuleSpec(fullname, _CheckedLoader(fullname),
+                                              is_package=True)
+        spec.submodule_search_locations = [folder]
+        return spec
+    return None
+
+
+def serve_checked(modules: Mapping[str, tuple[str, bytes]]) -> None:
+    """From now on, module ``name`` of ``modules`` (name -> (file, checked bytes)) imports
+    from those bytes, and its packages as empty packages, before any file or ``.pyc``."""
+    install_finder()
+    with _lock:
+        for name, (filename, data) in modules.items():
+            _checked[name] = (filename, data)
+            package, folder = name.rpartition(".")[0], Path(filename).parent
+            _checked_folders.add(package)
+            while package:
+                _checked_packages.setdefault(package, str(folder))
+                package, folder = package.rpartition(".")[0], folder.parent
+
+
+def exec_checked(name: str) -> types.ModuleType:
+    """Execute module ``name`` of ``serve_checked`` from its checked bytes, in the module
+    ``sys.modules`` holds (as transformers re-executes one) or a new one."""
+    spec = _checked_spec(name)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{name} holds no checked bytes", name=name)
+    module = sys.modules.get(name)
+    if module is None:
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+    else:
+        module.__spec__, module.__loader__, module.__file__ = spec, spec.loader, spec.origin
+    spec.loader.exec_module(module)
+    return module
+
+
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(
         self,
@@ -268,6 +361,9 @@ class _Finder(importlib.abc.MetaPathFinder):
         path: Sequence[str] | None = None,
         target: types.ModuleType | None = None,
     ) -> importlib.machinery.ModuleSpec | None:
+        checked = _checked_spec(fullname)
+        if checked is not None:
+            return checked
         found = registration_for(fullname)
         if found is None:
             return None
