@@ -8,9 +8,9 @@ file" after the check reads the checked bytes. Layout::
       .alive                                    flock held while the process (or a fork) lives
       <unit token>/...                          a unit's files (0400), folders 0500
 
-The temporary folder is held to the store's permission rule (``store.foreign_access``):
-it, and every folder above it, must be ours or root's, and writable by nobody else unless
-it has the sticky bit (``/tmp``). In a folder that others can write without the sticky
+The temporary folder is held to the store's permission rule (``store.unsafe_place``, the
+one ``CODEFERRY_HOME`` passes): it, every folder above it and every link on the way must be
+ours or root's, and writable by nobody else unless it has the sticky bit (``/tmp``). In a folder that others can write without the sticky
 bit, another user could rename our folder away and put one of theirs, with other bytes,
 under its name: then what the code reads would not be what was checked. Such a folder
 is refused (``StorePermissionError``, naming ``TMPDIR``), before anything is written.
@@ -32,7 +32,7 @@ import warnings
 from pathlib import Path
 
 from ..errors import StorePermissionError, StoreUnavailableError
-from .store import Unit, foreign_access, user_name
+from .store import Unit, unsafe_place, user_name
 
 __all__ = ["verified_dir"]
 
@@ -53,26 +53,12 @@ _alive_fds: list[int] = []  # kept open for the process's life: the lock dies wi
 def _check_temp(base: str) -> None:
     """Refuse ``base`` (and the folders above it) if another user could swap what is in it.
 
-    The store's rule for the folders above the store: ours or root's, and writable by
-    nobody else unless sticky.
+    The store's rule (``store.unsafe_place``, as for ``CODEFERRY_HOME``): ours or root's,
+    and writable by nobody else unless sticky; a link in the path, ours or root's too.
     """
-    seen: list[str] = []
-    for start in (os.path.abspath(base), os.path.realpath(base)):
-        folder = start
-        while folder not in seen:
-            seen.append(folder)
-            parent = os.path.dirname(folder)
-            if parent == folder:
-                break
-            folder = parent
-    for folder in seen:
-        try:
-            st = os.stat(folder)
-        except OSError:
-            continue  # mkdtemp fails below, with its own error
-        why = foreign_access(st, sticky_ok=True)
-        if why is None:
-            continue
+    unsafe = unsafe_place(base, shared_ok=True)
+    if unsafe is not None:
+        folder, st, why = unsafe
         if "writable" in why:
             why += " without the sticky bit"
         fix = ("point TMPDIR at a folder only you can write (e.g. `mkdir -m 700 ~/tmp && "

@@ -40,7 +40,8 @@ from .._code.digest import file_sha256, token_of, unit_digest_of
 from .._code.unit import Unit
 from ..errors import StorePermissionError, StoreUnavailableError
 
-__all__ = ["Unit", "foreign_access", "read_unit", "store_root", "user_name", "write_unit"]
+__all__ = ["Unit", "foreign_access", "read_unit", "store_root", "unsafe_place", "user_name",
+           "write_unit"]
 
 _DIR_MODE = 0o700
 _FILE_MODE = 0o600
@@ -146,26 +147,66 @@ def _check_path(path: Path, what: str, digest: str | None = None) -> bool:
     return True
 
 
+def unsafe_place(path: str | os.PathLike[str], *,
+                 shared_ok: bool) -> tuple[str, os.stat_result, str] | None:
+    """Why another user could swap what codeferry keeps in folder ``path``: the offending
+    path, its ``lstat`` and why; ``None`` when nobody but us and root can.
+
+    The one rule for the store's home and for the temporary folder of private copies:
+    every part of the path, as written and through each link it holds, is looked at itself
+    (``lstat``): a link must be ours or root's (whoever owns a link, in a sticky folder too,
+    can point it elsewhere later) and its target is held to the same rule; a folder must be
+    ours or root's and writable by nobody else, unless it has the sticky bit and is a folder
+    above ``path`` (or ``path`` itself, with ``shared_ok``: the temporary folder may be
+    ``/tmp``). A part that does not exist is left to whoever creates or reads it. The
+    path with every link resolved is walked too.
+    """
+    pending = [(os.path.realpath(path), shared_ok), (os.path.abspath(path), shared_ok)]
+    seen: set[str] = set()
+    while pending:
+        start, sticky_ok = pending.pop()
+        folder = start
+        while folder not in seen:
+            seen.add(folder)
+            try:
+                st = os.lstat(folder)
+            except OSError:
+                st = None
+            if st is not None:
+                why = foreign_access(st, sticky_ok=sticky_ok)
+                if why is not None:
+                    return folder, st, ("is a link " + why.removeprefix("is ")
+                                        if stat.S_ISLNK(st.st_mode) else why)
+                if stat.S_ISLNK(st.st_mode):
+                    try:
+                        target = os.path.join(os.path.dirname(folder), os.readlink(folder))
+                    except OSError:
+                        target = None
+                    if target is not None:
+                        pending.append((os.path.abspath(target), sticky_ok))
+            parent = os.path.dirname(folder)
+            if parent == folder:
+                break
+            folder, sticky_ok = parent, True
+    return None
+
+
 def _check_home(root: Path) -> bool:
     """Check the home, every folder above it and the store's own subfolders.
 
     Returns whether the store (``root``) exists.
     """
     home = root.parent
+    if not os.path.lexists(home):
+        return False
+    unsafe = unsafe_place(home, shared_ok=False)
+    if unsafe is not None:
+        path, st, why = unsafe
+        what = "home" if path == os.path.abspath(home) else "parent folder"
+        raise _refuse(path, st, why + " (without the sticky bit)" if "writable" in why
+                      else why, what)
     if not _check_path(home, "home"):
         return False
-    above: list[Path] = []
-    for start in (Path(os.path.abspath(home)), Path(os.path.realpath(home))):
-        above += [p for p in start.parents if p not in above]
-    for folder in above:
-        try:
-            st = os.stat(folder)
-        except OSError:
-            continue
-        why = foreign_access(st, sticky_ok=True)
-        if why is not None:
-            raise _refuse(folder, st, why + " (without the sticky bit)" if "writable" in why
-                          else why, "parent folder")
     if not _check_path(root, "folder"):
         return False
     for sub in _SUBFOLDERS:
