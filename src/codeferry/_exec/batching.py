@@ -27,15 +27,20 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .generate.params import SamplingParams, group_key, resolve
+from ..errors import SamplingParamsError
+from .engines.base import Complete, Rpc, Work
+from .generate.params import Request, SamplingParams, group_key, resolve
 
 __all__ = ["estimate_tokens", "plan_batches", "padding_waste", "fixed_batches", "batch_limits",
-           "grouped_batches"]
+           "grouped_batches", "halves", "context_error", "check_context"]
 
 #: UTF-8 bytes per token, roughly, for the vocabularies of current models.
 BYTES_PER_TOKEN = 4
 #: Special tokens a tokenizer adds around a text (BOS/CLS, EOS/SEP).
 SPECIAL_TOKENS = 2
+#: The most UTF-8 bytes one token spans, about: a text has at least its bytes / this many
+#: tokens (a lower bound: the parent, with no tokenizer, refuses only what cannot fit).
+MOST_BYTES_PER_TOKEN = 8
 #: Defaults of ``batch_limits``: padded tokens and rows per batch.
 CPU_BATCH_TOKENS, CPU_BATCH_SIZE = 2048, 64
 ACCELERATOR_BATCH_TOKENS, ACCELERATOR_BATCH_SIZE = 16384, 256
@@ -175,10 +180,12 @@ def batch_limits(device: str, max_batch_tokens: int | None) -> tuple[int, int]:
 
 def grouped_batches(requests: Sequence[Any], defaults: SamplingParams | None, size: int | None,
                     plan: Callable[[Sequence[int]], list[list[int]]],
-                    window: int) -> list[list[int]]:
+                    window: int, *, context: int | None = None) -> list[list[int]]:
     """Batches of requests that can share ``generate`` calls: within each window, the
     requests of one group (``params.group_key``, as far as the parent can tell without the
-    model's generation_config) planned apart, by length or ``size`` at a time."""
+    model's generation_config) planned apart, by length or ``size`` at a time. A request
+    that cannot fit ``context`` tokens raises first (``check_context``)."""
+    check_context(requests, defaults, context)
     batches: list[list[int]] = []
     for start in range(0, len(requests), window):
         groups: dict[Any, list[int]] = {}
@@ -195,3 +202,47 @@ def grouped_batches(requests: Sequence[Any], defaults: SamplingParams | None, si
             batches += [[members[j] for j in batch] for batch in plan(lengths)]
     return batches
 
+
+
+def halves(work: Work, indices: list[int], inputs: list[Any]) -> list[tuple[list[int], Work,
+                                                                          list[Any]]]:
+    """A failed batch's two halves (its ``indices``, its ``work`` and the ``inputs`` an error
+    names), the first half first; none when ``work`` is not of inputs or has only one."""
+    if len(indices) < 2 or isinstance(work, Rpc):
+        return []
+    items = list(work.requests if isinstance(work, Complete) else work.texts)
+    middle = len(indices) // 2
+    return [(indices[part], work.part(items[part]), inputs[part])
+            for part in (slice(None, middle), slice(middle, None))]
+
+
+def context_error(request: Request, defaults: SamplingParams | None,
+                  context: int | None) -> SamplingParamsError | None:
+    """Why ``request`` (over ``defaults``) cannot fit a context of ``context`` tokens, as
+    vLLM refuses ``max_tokens`` above ``max_model_len`` minus the prompt's tokens; ``None``
+    when it may fit. The prompt counts at least ``MOST_BYTES_PER_TOKEN`` bytes a token."""
+    if context is None:
+        return None
+    asked = (request.params or SamplingParams()).over(defaults).max_tokens
+    prompt = max(1, math.ceil(len(request.size_hint().encode("utf-8", "replace"))
+                              / MOST_BYTES_PER_TOKEN))
+    if prompt + (asked or 1) <= context:
+        return None
+    what = (f"max_tokens {asked} and a prompt of at least {prompt} tokens do not fit" if asked
+            else f"a prompt of at least {prompt} tokens does not fit")
+    return SamplingParamsError(
+        f"{what} the model's context of {context} tokens (max_model_len).", field="max_tokens",
+        fix=(f"give max_tokens at most {context - prompt}, or shorten the prompt"
+             if context > prompt else "shorten the prompt")
+        + "; a model that takes longer sequences than its config.json says: pass "
+        "--max-model-len N (max_model_len=N).")
+
+
+def check_context(requests: Sequence[Request], defaults: SamplingParams | None,
+                  context: int | None) -> None:
+    """Raise the ``context_error`` of the first of ``requests`` that has one, naming it."""
+    for index, request in enumerate(requests):
+        error = context_error(request, defaults, context)
+        if error is not None:
+            raise SamplingParamsError(f"request {index}: {error.message}", field=error.field,
+                                      fix=error.fix)

@@ -34,6 +34,7 @@ from .batching import batch_limits, estimate_tokens, fixed_batches, grouped_batc
 from .engines.base import Complete, Embed, Rpc, Score, Work
 from .engines.spec import EngineChoice
 from .engines.vllm_engine import choose_engine
+from .files import model_context
 from .generate.params import Conversation, GenerateResult, Request, SamplingParams, conversations
 from .layout import cpus, device_for, devices, layout
 from .options import Backend, EngineName, GeneratePath, StartMethod, WorkerOptions
@@ -99,7 +100,8 @@ class Executor:
 
     ``batch_timeout`` (seconds, default off): a worker whose batch runs longer is killed
     and replaced and the batch retried (``BatchTimeoutError`` is the last cause), so a
-    hung forward pass cannot hang the caller.
+    hung forward pass cannot hang the caller. ``max_model_len``: a request's most tokens, prompt
+    and ``max_tokens`` (default: config.json's; more raises ``SamplingParamsError``, unsent).
 
     ``engine``: ``"auto"`` (the default: vLLM where it is installed and runs the model, else
     transformers, the reason in ``worker_info``), ``"transformers"`` (the model's own code, on
@@ -147,12 +149,14 @@ class Executor:
         code_revision: str | None = None,
         engine: EngineName = "auto",
         engine_options: dict[str, Any] | None = None,
+        max_model_len: int | None = None,
     ) -> None:
         self._open(model, ModelOptions.of(locals()), WorkerOptions.of(locals()),
-                   tuple(preload), digest)
+                   tuple(preload), digest, max_model_len)
 
     def _open(self, model: str | os.PathLike[str] | Plan, options: ModelOptions,
-              worker: WorkerOptions, preload: tuple[str, ...], digest: str | None) -> None:
+              worker: WorkerOptions, preload: tuple[str, ...], digest: str | None,
+              max_model_len: int | None) -> None:
         """Decide on the model (or take the ``Plan``), lay the workers out, start them."""
         if worker.backend == "local":
             # Mistakes a worker would only report as an exit code: refused here, typed.
@@ -176,6 +180,7 @@ class Executor:
             record(decision, units_of(bundle).values())
         #: The folder the workers build the model from (config, tokenizer, weights).
         self.model = str(plan.weights.root)
+        self.max_model_len = max_model_len or model_context(plan.weights.root)
         #: The code decided on here; every worker, and every replacement, runs exactly it.
         self.digest = bundle.digest
         #: A fixed count per batch, in input order; ``None``: batches planned by tokens.
@@ -258,10 +263,8 @@ class Executor:
     # -- scheduling -----------------------------------------------------------------------
 
     def _check_open(self) -> None:
-        if self._scheduler.failure is not None:
-            raise self._scheduler.failure
-        if self._closed:
-            raise RuntimeError("this executor is closed")
+        if self._scheduler.failure is not None or self._closed:
+            raise self._scheduler.failure or RuntimeError("this executor is closed")
 
     def _batches(self, work: Work, inputs: Sequence[Any], batch_size: int | None,
                  call: Call | None = None, shown: Sequence[Any] | None = None) -> list[Batch]:
@@ -274,7 +277,8 @@ class Executor:
         gave them, which a failed batch's error names (``inputs``: what the worker gets)."""
         size = batch_size or self.batch_size
         if isinstance(work, Complete):
-            plan = grouped_batches(inputs, work.defaults, size, self._plan, BATCH_WINDOW)
+            plan = grouped_batches(inputs, work.defaults, size, self._plan, BATCH_WINDOW,
+                                   context=self.max_model_len)  # over it: nothing is sent
         elif size:
             plan = fixed_batches(len(inputs), size)
         else:

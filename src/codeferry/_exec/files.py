@@ -32,7 +32,7 @@ from .._code.source import WEIGHT_SUFFIXES
 from ..errors import ModelFilesMissingError
 
 __all__ = ["MODEL_TASKS", "check_model_files", "has_weights", "may_have_chat_template",
-           "missing_tokenizer"]
+           "missing_tokenizer", "model_context"]
 
 #: The tasks whose workers build a model from the weights.
 MODEL_TASKS = frozenset({"generate", "embed", "score"})
@@ -210,3 +210,32 @@ def may_have_chat_template(folder: Path) -> bool:
     auto_map = config.get("auto_map")
     return bool(config.get("chat_template")) or (
         isinstance(auto_map, dict) and "AutoTokenizer" in auto_map)
+
+
+#: The keys of a text config that bound its sequences, as vLLM reads them (the least wins).
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length",
+                "max_seq_len")
+
+
+def model_context(folder: Path) -> int | None:
+    """The most tokens (prompt and completion) the model in ``folder`` takes, read from its
+    ``config.json`` as vLLM derives ``max_model_len``, without running its code: the least of
+    ``CONTEXT_KEYS`` in its text config (``text_config`` when it has one), times a RoPE
+    scaling ``factor`` that extends it; ``None`` when the config says none."""
+    config = _json(folder / "config.json") or {}
+    text = config.get("text_config")
+    for part in ([text] if isinstance(text, dict) else []) + [config]:
+        found = [v for k in CONTEXT_KEYS if isinstance(v := part.get(k), int)
+                 and not isinstance(v, bool) and v > 0]
+        if not found:
+            continue
+        rope = part.get("rope_scaling") or part.get("rope_parameters") or {}
+        kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
+        factor = rope.get("factor") if isinstance(rope, dict) else None
+        if kind in ("su", "longrope", "llama3", "default", "mrope", None) or not isinstance(
+                factor, (int, float)) or factor < 1:
+            return min(found)
+        original = rope.get("original_max_position_embeddings")
+        base = original if kind == "yarn" and isinstance(original, int) else min(found)
+        return int(base * factor)
+    return None

@@ -16,8 +16,9 @@ when a worker dies (exit, SIGKILL, a dead node) or runs past ``batch_timeout`` (
 killed) the batch it was running is charged an attempt and sent again, the ones queued
 behind it go back as they were, and the worker is replaced. After ``max_retries`` further
 attempts a batch fails with ``BatchFailedError`` naming its inputs: every input gets
-exactly one outcome. When no worker is left and none can be started, the executor is
-broken: everything not done fails with ``BrokenExecutorError``, at once.
+exactly one outcome; a batch of inputs that *raised* is split in halves instead (``_split``)
+until only the input that raises gets the error. With no worker left and none startable, the
+executor is broken: everything not done fails with ``BrokenExecutorError``, at once.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from ..errors import (
     WorkerError,
     WorkerStartupError,
 )
+from .batching import halves
 from .engines.base import Rpc, Work
 from .workers.transport import Channel, Event, Transport
 from .workers.worker import WorkerSpec
@@ -70,11 +72,9 @@ class Outcome:
 
 
 class Call:
-    """What one caller waits on: ``n`` inputs, one outcome each, in any order.
-
-    ``future`` resolves to the values in input order (or the error of the lowest failed
-    index); ``stream=True`` also queues each outcome as it arrives, for iterators.
-    """
+    """What one caller waits on: ``n`` inputs, one outcome each, in any order. ``future``
+    resolves to the values in input order (or the error of the lowest failed index);
+    ``stream=True`` also queues each outcome as it arrives, for iterators."""
 
     def __init__(self, n: int, *, stream: bool = False) -> None:
         self.n = n
@@ -123,6 +123,9 @@ class Batch:
     attempts: int = 0
     last_error: BaseException | None = None
     packed: bytes | None = None
+    #: A half of a batch that raised: it runs alone in its worker (a worker that streams
+    #: merges batches, whose error fails them all), so its error is its own.
+    solo: bool = False
 
 
 @dataclass
@@ -142,11 +145,8 @@ class Scheduler:
 
     def __init__(self, transport: Transport, specs: list[WorkerSpec], *, max_retries: int,
                  startup_timeout: float, batch_timeout: float | None = None) -> None:
-        self.transport = transport
-        self.specs = specs
-        self.max_retries = max_retries
-        self.startup_timeout = startup_timeout
-        self.batch_timeout = batch_timeout
+        self.transport, self.specs, self.max_retries = transport, specs, max_retries
+        self.startup_timeout, self.batch_timeout = startup_timeout, batch_timeout
         #: Set when the model's code changed under us, or no worker is left: calls raise it.
         self.failure: BaseException | None = None
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -154,9 +154,8 @@ class Scheduler:
         self._requests = itertools.count()
         self._slots: list[_Slot] = []
         self._stopping = False
-        self._started = threading.Event()
+        self._started, self._done = threading.Event(), threading.Event()
         self._startup_error: BaseException | None = None
-        self._done = threading.Event()
         self._thread = threading.Thread(target=self._manage, name="codeferry-scheduler",
                                         daemon=True)
 
@@ -321,9 +320,8 @@ class Scheduler:
 
     def _start_failed(self, slot: _Slot, failure: WorkerStartupError) -> None:
         """A replacement that failed to start is tried again, up to ``max_retries`` times,
-        but not one that timed out: ``startup_timeout`` bounds how long a worker may take to
-        come up, and a second try would wait as long again (a Ray actor that no node alive can
-        place waits forever: with the defaults, 30 minutes before the run failed)."""
+        but not one that timed out: a second try would wait as long again (a Ray actor that
+        no node alive can place waits forever)."""
         index = self._slots.index(slot)
         if not self._started.is_set():
             # the constructor raises the first (the others' are often that one's echo)
@@ -357,7 +355,7 @@ class Scheduler:
         batch = found[1]
         if ok:
             self._succeed(batch, value)
-        else:
+        elif not self._split(batch, value):
             self._retry_or_fail(batch, value, final=batch.final_errors or batch.slot is not None
                                 or isinstance(value, _NOT_RETRIED))
 
@@ -395,8 +393,8 @@ class Scheduler:
             self._restart(slot)
 
     def _wanted(self) -> bool:
-        """Whether a worker that died, or failed to start, is replaced: always, but while
-        shutting down with nothing left to run (a shutdown that waits still runs the rest)."""
+        """Whether a worker that died, or failed to start, is replaced: unless shutting down
+        with nothing left to run."""
         return not self._stopping or not self._idle()
 
     def _restart(self, slot: _Slot) -> None:
@@ -411,8 +409,7 @@ class Scheduler:
             self._start_failed(slot, failure)
 
     def _depth(self, slot: _Slot) -> int:
-        """Batches a worker may hold: a worker that streams (``stream.py``) merges them all
-        into its running decode loop, so it holds enough to fill it."""
+        """Batches a worker may hold: one that streams (``stream.py``) enough to fill its loop."""
         return STREAM_DEPTH if slot.info.get("streams") else self.transport.depth
 
     def _dispatch(self) -> None:
@@ -420,7 +417,8 @@ class Scheduler:
         deepest = max([self.transport.depth, *(self._depth(s) for s in self._slots)])
         for depth in range(1, deepest + 1):  # one each first, then the next
             for slot in self._slots:
-                if slot.state != "ready" or len(slot.queue) >= min(depth, self._depth(slot)):
+                if slot.state != "ready" or len(slot.queue) >= min(depth, self._depth(slot)) \
+                        or any(running.solo for _, running in slot.queue):  # it runs alone
                     continue
                 waiting = slot.pinned or self._pending
                 while waiting:
@@ -428,6 +426,9 @@ class Scheduler:
                     if batch.call.start():
                         break
                 else:
+                    continue
+                if batch.solo and slot.queue:  # it waits for a worker with nothing else
+                    waiting.appendleft(batch)
                     continue
                 if batch.packed is None:
                     batch.packed = self.transport.pack(batch.payload)
@@ -447,6 +448,18 @@ class Scheduler:
         for index, value in zip(batch.indices, values, strict=True):
             batch.call.deliver(Outcome(index, value))
 
+    def _split(self, batch: Batch, error: BaseException) -> bool:
+        """Send the halves of a batch of inputs that raised, first in line (``False``: a user
+        function, work refused whole). A poison input costs ``2 log2(n)`` batches; a half keeps
+        the attempts charged before (deaths), so an input alone gets its ``max_retries + 1``."""
+        parts = [] if batch.final_errors or batch.slot is not None or self.failure or isinstance(
+            error, (EngineRefusedError, RequestUnpicklingError)) else halves(
+            batch.payload, batch.indices, batch.inputs)
+        for indices, work, inputs in reversed(parts):
+            self._pending.appendleft(Batch(indices, work, inputs, batch.call, solo=True,
+                                           attempts=max(0, batch.attempts - 1), last_error=error))
+        return bool(parts)
+
     def _retry_or_fail(self, batch: Batch, error: BaseException, *, final: bool) -> None:
         batch.last_error = error
         if not final and batch.attempts <= self.max_retries and not self.failure:
@@ -459,8 +472,9 @@ class Scheduler:
         failure = BatchFailedError(
             f"a batch of {len(batch.indices)} inputs failed {times}; inputs {batch.indices}: "
             f"{error}", indices=tuple(batch.indices), inputs=tuple(batch.inputs),
-            fix="the cause is the last attempt's error; inputs that crash the model can be "
-            "isolated with batch_size=1.")
+            fix="the cause is the last attempt's error" + (
+                "; inputs that crash the model can be isolated with batch_size=1."
+                if len(batch.indices) > 1 else " on this input alone."))
         failure.__cause__ = error
         self._finish(batch, failure)
 
