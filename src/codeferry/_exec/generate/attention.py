@@ -24,6 +24,13 @@ other model is left as it is. Under ``generate`` and its ``DynamicCache`` the ke
 query's dtype and no runs are passed, so nothing changes there. The worker switches a model
 only to probe the decode loop on it (``stream.choose``), and switches it back when the probe
 does not match.
+
+What it relies on in transformers, each decided by what happens, not by version or name:
+``AttentionInterface``, ``AttentionMaskInterface`` with ``sdpa_mask``,
+``sdpa_attention_forward``, ``_can_set_attn_implementation`` and ``set_attn_implementation``
+(5.x; 4.53 has no ``set_attn_implementation`` nor ``sdpa_mask``). ``enable`` answers True
+only where the switch took (the config reads ``NAME`` afterwards), anything missing is
+False, and the model keeps ``sdpa``; the probe then compares the tokens with ``generate``'s.
 """
 
 from __future__ import annotations

@@ -21,6 +21,14 @@ works.
 ``generate_batch`` runs in a thread of its own, and tensors made under
 ``torch.inference_mode`` in the caller's thread cannot be updated there, so it is never
 called inside ``inference_mode`` (it takes ``no_grad`` itself).
+
+What it relies on in transformers: ``generate_batch`` (a model without it is answered
+batched), its ``continuous_batching_config`` keyword, ``ContinuousBatchingConfig``, the
+``continuous_batching.utils`` logger and its outputs' ``error`` and ``generated_tokens``
+(5.x; 4.53 has ``generate_batch`` but none of the rest). All are used inside ``_probe``,
+so one missing or renamed fails the probe and the worker generates batched, its reason
+said. ``lighter_min_new_tokens`` relies on ``generate`` running custom logits processors
+after its own (``tests/exec/generate/test_generate_paths.py`` compares the tokens).
 """
 
 from __future__ import annotations

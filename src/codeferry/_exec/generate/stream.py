@@ -10,6 +10,10 @@ the running loop as rows free up, and its reply goes out as soon as its own rows
 while the next batch's rows are already being computed. A batch with a group the loop does
 not do (``complete.loop_rows``: ``n`` above 1, logprobs, penalties or ``min_p``) is answered
 by ``complete`` on its plan, once the stream has drained.
+
+The choice reads no parameter name and no transformers version: the loop's cache must fit
+(``decode.supports``: layer kinds), its keywords are those the model's forward writes the
+cache under (``calling.py``), and ``probe`` compares its tokens with ``generate``'s.
 """
 
 from __future__ import annotations
