@@ -11,6 +11,7 @@ import contextlib
 import json
 from collections.abc import Iterator
 
+from .._exec.batching import context_error
 from .._exec.executor import Executor, Outcome
 from .._exec.generate.params import Request, SamplingParams
 from ..errors import (
@@ -18,31 +19,65 @@ from ..errors import (
     CodeChangedError,
     CodeferryError,
     RunStoppedError,
+    SamplingParamsError,
     WorkerError,
 )
 from .faults import machine_fault
-from .inputs import InputItem, Task
+from .inputs import Id, InputItem, Task
 from .lines import line as output_line
 from .lines import usage
 from .output import Sink
 from .progress import Progress
 from .result import RunResult
 
-__all__ = ["drain", "outcomes"]
+__all__ = ["drain", "outcomes", "over_context"]
+
+
+def over_context(items: list[InputItem], path: object, defaults: SamplingParams,
+                 context: int | None) -> dict[Id, SamplingParamsError]:
+    """The ``generate`` lines whose prompt and ``max_tokens`` cannot fit the model's
+    ``context`` (``batching.context_error``), each with its error naming ``path`` and its
+    line: written as that line's error, as vLLM answers such a request, the others run."""
+    refused = {}
+    for item in items:
+        error = context_error(item.request, defaults, context) if item.request else None
+        if error is not None:
+            refused[item.id] = SamplingParamsError(error.message, field=error.field,
+                                                   path=str(path), line=item.line, fix=error.fix)
+    return refused
 
 
 def outcomes(executor: Executor, task: Task, items: list[InputItem], size: int | None,
-              defaults: SamplingParams, pooling: str | None,
-              template: str | None) -> Iterator[Outcome]:
-    """``size``: the user's fixed batch size; ``None`` lets the executor plan by tokens."""
+              defaults: SamplingParams, pooling: str | None, template: str | None,
+              refused: dict[Id, SamplingParamsError] | None = None) -> Iterator[Outcome]:
+    """``size``: the user's fixed batch size; ``None`` lets the executor plan by tokens.
+    ``refused``: lines answered by their error here, never sent (``over_context``)."""
     texts = [i.text for i in items]
     if task == "generate":
-        requests = [i.request or Request(prompt=i.text) for i in items]
-        return executor.complete_iter(requests, defaults, batch_size=size,
-                                       chat_template=template)
+        sent = [n for n, i in enumerate(items) if i.id not in (refused or {})]
+        requests = [items[n].request or Request(prompt=items[n].text) for n in sent]
+        found = executor.complete_iter(requests, defaults, batch_size=size,
+                                        chat_template=template)
+        if len(sent) == len(items):
+            return found
+        errors = [Outcome(n, error=(refused or {})[i.id]) for n, i in enumerate(items)
+                  if i.id in (refused or {})]
+        return _with(errors, found, sent)
     if task == "embed":
         return executor.embed_iter(texts, pooling=pooling or "mean", batch_size=size)
     return executor.score_iter(texts, batch_size=size)
+
+
+def _with(errors: list[Outcome], found: Iterator[Outcome], sent: list[int]) -> Iterator[Outcome]:
+    """``errors``, then ``found``'s outcomes at the places of the inputs sent."""
+    try:
+        yield from errors
+        for outcome in found:
+            yield Outcome(sent[outcome.index], outcome.value, outcome.error)
+    finally:
+        close = getattr(found, "close", None)
+        if close is not None:
+            close()
 
 
 def drain(outcomes: Iterator[Outcome], remaining: list[InputItem], task: Task, sink: Sink,

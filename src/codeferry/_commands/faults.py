@@ -23,6 +23,7 @@ from ..errors import (
     CodeUnavailableError,
     RemoteTraceback,
     RequestUnpicklingError,
+    SamplingParamsError,
     StoreCorruptError,
     StorePermissionError,
     StoreUnavailableError,
@@ -49,6 +50,8 @@ _ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.EMFILE, err
 def machine_fault(error: BaseException) -> BaseException | None:
     """The fault of the machine behind a failed outcome's ``error``; ``None`` when the error is
     the answer for that input (its batch failed, the worker's own error as the cause)."""
+    if isinstance(error, SamplingParamsError):
+        return None  # the line asks what the model cannot do (more than its context)
     if not isinstance(error, BatchFailedError):
         return error  # the executor broke, the code changed: no batch answered anything
     cause = error.__cause__

@@ -57,6 +57,7 @@ class RunKeywords(ModelKeywords, total=False):
     address: str | None
     engine: EngineName
     max_new_tokens: int | None
+    max_model_len: int | None
     pooling: str | None
     chat_template: str | os.PathLike[str] | None
     force_resume: bool
@@ -77,6 +78,8 @@ class RunOptions:
     output's, and where the run shows what it does."""
 
     max_new_tokens: int | None = None
+    #: The context lines are checked against (``None``: the model's config.json).
+    max_model_len: int | None = None
     pooling: str | None = None
     chat_template: str | os.PathLike[str] | None = None
     force_resume: bool = False

@@ -26,14 +26,14 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from .. import _settings
 from .._exec.engines.vllm_engine import choose_engine
 from .._exec.executor import Executor
-from .._exec.files import may_have_chat_template
+from .._exec.files import may_have_chat_template, model_context
 from .._exec.generate.params import SamplingParams
 from .._exec.layout import cpus, devices, layout
 from .._exec.options import WorkerOptions
@@ -41,7 +41,7 @@ from .._exec.plan import Plan, prepare
 from .._trust.options import ModelOptions
 from ..errors import ChatTemplateMissingError, SamplingParamsError
 from .command import Commands, UsageError, add_command, demo, model_options, worker_options
-from .drain import drain, outcomes
+from .drain import drain, outcomes, over_context
 from .flags import (
     add_common_flags,
     add_sampling_flags,
@@ -102,14 +102,17 @@ def run(
     ``params``: the sampling parameters of every ``generate`` input that does not set its
     own (``max_new_tokens`` is its ``max_tokens``); ``chat_template``: a file holding the
     Jinja chat template for chat inputs (default: the model's). ``input_path`` ``"-"``
-    reads standard input. The same options as ``codeferry run``; see docs/executor.md.
+    reads standard input. ``max_model_len``: a line's most tokens, prompt and ``max_tokens``
+    (default: the model's config.json); a line over it gets an error line, the others run.
+    The same options as ``codeferry run``; see docs/executor.md.
     Every keyword with its type: ``keywords.RunKeywords``.
     """
     models, workers = options_of("run", options, RUN_KEYWORDS)
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
-    if too_small(workers=workers.workers, batch_size=workers.batch_size):
-        raise ValueError("workers and batch_size must be at least 1")
+    if too_small(workers=workers.workers, batch_size=workers.batch_size,
+                 max_model_len=options.get("max_model_len")):
+        raise ValueError("workers, batch_size and max_model_len must be at least 1")
     return run_with(model, input_path, output, task, params, models, workers,
                     RunOptions.of(options))
 
@@ -127,6 +130,9 @@ class _Inputs:
     #: ``params`` over ``max_new_tokens``: what an input that sets nothing is sampled with.
     defaults: SamplingParams
     options: RunOptions
+    #: The context lines are checked against, and the lines over it (``over_context``).
+    context: int | None = None
+    refused: dict[Id, SamplingParamsError] = field(default_factory=dict)
 
 
 @dataclass
@@ -165,6 +171,9 @@ def run_with(model: str | os.PathLike[str], input_path: str | os.PathLike[str],
     show = err.isatty() if options.progress is None else options.progress
     inputs = _read(input_path, task, params, options)
     plan = _plan(model, inputs, models, workers)
+    context = options.max_model_len or model_context(plan.weights.root)
+    inputs = replace(inputs, context=context, refused=over_context(
+        inputs.items, inputs.path, inputs.defaults, context) if task == "generate" else {})
     opened = _open(output, plan, inputs, workers)
     count = _workers(plan, workers, opened.engine)
     bar = Progress(len(opened.remaining), err, enabled=show)
@@ -173,7 +182,7 @@ def run_with(model: str | os.PathLike[str], input_path: str | os.PathLike[str],
             opened.sink.close()
             _summarize(opened, err)
             return opened.result
-        executor, size = _start(plan, opened, workers, count, bar, err)
+        executor, size = _start(plan, opened, workers, count, bar, err, inputs.context)
         with executor:
             try:
                 _drain(executor, plan, inputs, opened, workers, bar, size)
@@ -281,7 +290,7 @@ def _workers(plan: Plan, workers: WorkerOptions, engine: str) -> int:
 
 
 def _start(plan: Plan, opened: _Opened, workers: WorkerOptions, count: int, bar: Progress,
-           err: TextIO) -> tuple[Executor, int]:
+           err: TextIO, context: int | None) -> tuple[Executor, int]:
     """The record written and the executor started on the plan (its workers verify they
     run exactly its digest), no more workers than batches; with the inputs per batch the
     output is synced after. A failed start leaves the output as it was."""
@@ -303,7 +312,7 @@ def _start(plan: Plan, opened: _Opened, workers: WorkerOptions, count: int, bar:
     try:
         if path is not None and record is not None:
             write_record(path, record)
-        keywords = {**workers.keywords(), "workers": count}
+        keywords = {**workers.keywords(), "workers": count, "max_model_len": context}
         return Executor(plan, **keywords), size
     except BaseException:
         opened.sink.close(discard=True)
@@ -338,7 +347,8 @@ def _drain(executor: Executor, plan: Plan, inputs: _Inputs, opened: _Opened,
     bar.start()
     opened.started = True
     found = outcomes(executor, inputs.task, opened.remaining, workers.batch_size,
-                     inputs.defaults, inputs.options.pooling, inputs.template)
+                     inputs.defaults, inputs.options.pooling, inputs.template,
+                     inputs.refused)
     drain(found, opened.remaining, inputs.task, sink, bar, opened.result, size,
           plan.weights.name)
 
@@ -414,7 +424,7 @@ def _checked_flags(args: argparse.Namespace) -> SamplingParams | None:
     if args.max_new_tokens is not None and args.task != "generate":
         raise UsageError("--max-new-tokens applies to --task generate only")
     small = too_small(workers=args.workers, batch_size=args.batch_size,
-                      max_new_tokens=args.max_new_tokens)
+                      max_new_tokens=args.max_new_tokens, max_model_len=args.max_model_len)
     if small is not None:
         raise UsageError(f"--{small[0].replace('_', '-')} must be at least 1, got {small[1]}")
     if args.batch_timeout is not None and not args.batch_timeout > 0:
@@ -458,6 +468,9 @@ def register(sub: Commands) -> None:
     command.add_argument("--max-new-tokens", "--max-tokens", type=int, metavar="K",
                          help="most tokens to generate per input (--task generate; default: the "
                          "model's generation_config, else 16)")
+    command.add_argument("--max-model-len", type=int, metavar="N",
+                         help="most tokens of a line, prompt and max_tokens; a line over it "
+                         "gets an error line (default: the model's config.json)")
     command.add_argument("--device", default="cpu", metavar="D",
                          help="cpu, cuda (one GPU per worker, round robin), cuda:N... "
                          "(default: cpu)")
