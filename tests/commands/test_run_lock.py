@@ -1,6 +1,6 @@
-"""The output lock of ``codeferry run``: a filelock of the output file itself (its device and
-inode) in codeferry's home, so every name of the file shares it; typed errors that name the
-run holding it.
+"""The output lock of ``codeferry run``: an ``flock`` of the output file itself (its inode),
+so every name of the file shares it, whatever each run's ``CODEFERRY_HOME``; typed errors
+that name the run holding it.
 
 The holder is a real second process running codeferry's own output sink; the runs that
 are refused never start a worker (the lock is taken before), so these tests stay fast.
@@ -8,17 +8,21 @@ are refused never start a worker (the lock is taken before), so these tests stay
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from codeferry import cli, errors
+from codeferry._commands import outlock
 from codeferry._commands.run import lock_path, run
 from codeferry.errors import OutputError, OutputLockError
 
@@ -80,7 +84,7 @@ def test_an_output_another_run_writes_is_refused(
 ) -> None:
     with pytest.raises(OutputLockError) as info:
         run(DEMO, PROMPTS, held, workers=1, start_method="fork")
-    assert info.value.held and info.value.lock_path == str(lock_path(held))
+    assert info.value.held and info.value.lock_path == str(held)
     assert isinstance(info.value, OutputError) and info.value.fix
     assert info.value.path == str(held) and "another codeferry run" in str(info.value)
     # on the command line: one line, exit 1, the output left as the other run has it
@@ -98,7 +102,7 @@ def test_a_link_to_an_output_another_run_writes_is_refused(held: Path) -> None:
     link.symlink_to(held.name)
     with pytest.raises(OutputLockError) as info:
         run(DEMO, PROMPTS, link, workers=1, start_method="fork")
-    assert info.value.held and info.value.lock_path == str(lock_path(held))
+    assert info.value.held and info.value.lock_path == str(link)
 
 
 def test_a_hard_link_to_an_output_another_run_writes_is_refused(
@@ -114,7 +118,7 @@ def test_a_hard_link_to_an_output_another_run_writes_is_refused(
         run(DEMO, PROMPTS, hard, workers=1, start_method="fork")
     assert held.read_bytes() == b""  # nothing written through the second name
     assert isinstance(info.value, errors.OutputHeldError) and info.value.held
-    assert info.value.lock_path == str(lock_path(held)) == str(lock_path(hard))
+    assert lock_path(held) == lock_path(hard)  # where the holder's note is: one for both
     assert info.value.holder["pid"] == holder.pid
     assert info.value.holder["output"] == str(held)
     assert f"pid {holder.pid} " in info.value.message and str(held) in info.value.message
@@ -122,20 +126,72 @@ def test_a_hard_link_to_an_output_another_run_writes_is_refused(
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["elsewhere", "hard.jsonl", "out.jsonl"]
 
 
-def test_an_output_whose_lock_file_cannot_be_made_is_refused(tmp_path: Path) -> None:
+def test_an_output_on_a_file_system_without_locks_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lock is the file's own: a file system that takes no ``flock`` (some network ones)
+    refuses the run, typed, before anything is read or written."""
     output = tmp_path / "out.jsonl"
     output.touch()
-    lock_path(output).parent.mkdir(parents=True, exist_ok=True)
-    lock_path(output).mkdir()  # a folder where the lock file goes: nothing can lock it
-    try:
-        with pytest.raises(OutputLockError) as info:
-            run(DEMO, PROMPTS, output, workers=1, start_method="fork")
-    finally:
-        lock_path(output).rmdir()
-    assert not info.value.held and info.value.lock_path == str(lock_path(output))
-    assert "cannot be created" in info.value.message and info.value.fix
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(outlock.fcntl, "flock", no_locks)
+    with pytest.raises(OutputLockError) as info:
+        run(DEMO, PROMPTS, output, workers=1, start_method="fork")
+    assert not info.value.held and info.value.lock_path == str(output)
+    assert "file locks" in info.value.message and info.value.fix
     assert output.read_bytes() == b""
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl"]
+
+
+def test_a_run_with_another_home_is_refused(
+        tmp_path: Path, holder: subprocess.Popen[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two runs on one output with different homes (two shells, cron, sudo with another
+    HOME): the lock under the home let both write. The lock is the file's: the second is
+    refused, and still names the holder (from the kernel's table of locks)."""
+    held = tmp_path / "out.jsonl"
+    monkeypatch.setenv("CODEFERRY_HOME", str(tmp_path / "another-home"))
+    with pytest.raises(errors.OutputHeldError) as info:
+        run(DEMO, PROMPTS, held, workers=1, start_method="fork")
+    assert held.read_bytes() == b""
+    assert info.value.holder["pid"] == holder.pid
+    assert f"pid {holder.pid} " in info.value.message and " since " in info.value.message
+    assert str(held) in info.value.message and "-c" in info.value.message  # its command
+
+
+def test_two_runs_with_different_homes_write_each_id_once(tmp_path: Path) -> None:
+    """Two real ``codeferry run`` processes on one output, each with its own home: the second
+    is refused (exit 1, the typed error), the first writes every id once."""
+    source = tmp_path / "in.txt"
+    source.write_text("".join(f"prompt number {n}\n" for n in range(50)))
+    output = tmp_path / "out.jsonl"
+
+    def start(home: str) -> subprocess.Popen[str]:
+        env = {**os.environ, "CODEFERRY_HOME": str(tmp_path / home)}
+        return subprocess.Popen(
+            [sys.executable, "-m", "codeferry", "run", str(DEMO), "--input", str(source),
+             "--output", str(output), "--workers", "1", "--start-method", "fork",
+             "--max-new-tokens", "24"], env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+
+    first = start("home-a")
+    try:
+        deadline = time.monotonic() + 60
+        while not list((tmp_path / "home-a" / "run-locks").glob("*.json")):
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+            time.sleep(0.05)
+        second = start("home-b")
+        _, err = second.communicate(timeout=120)
+        assert second.returncode == 1, err
+        assert "being written by another codeferry run" in err and f"pid {first.pid} " in err
+        assert first.wait(300) == 0, first.communicate()
+    finally:
+        if first.poll() is None:
+            first.kill()
+        first.communicate()
+    ids = [json.loads(line)["id"] for line in output.read_text().splitlines()]
+    assert ids == list(range(1, 51))
 
 
 def test_a_forked_child_does_not_keep_the_lock_of_a_dead_run(tmp_path: Path) -> None:

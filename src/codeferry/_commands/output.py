@@ -48,15 +48,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from filelock import FileLock
-
 from ..errors import (
     ForeignOutputError,
     InputFormatError,
     OutputError,
 )
 from .inputs import Id, InputItem, Task
-from .outlock import drop_inherited, lock_output, lock_path
+from .outlock import OutputLock, drop_inherited, lock_output, lock_path
 
 __all__ = ["Existing", "Sink", "lock_path"]
 
@@ -185,7 +183,7 @@ class Sink:
         self.unsynced = 0
         self.synced_at = time.monotonic()
         self.stream = False  # a pipe or device: no resume, no lock, no fsync
-        self.lock: FileLock | None = None  # held from open to close (regular files only)
+        self.lock: OutputLock | None = None  # held from open to close (regular files only)
         self.rewriting: _Rewrite | None = None
 
     def open(self, items: Sequence[InputItem], task: Task) -> Existing:
@@ -308,10 +306,10 @@ class Sink:
             elif self.unsynced:
                 os.fsync(fd)
         finally:
-            os.close(fd)
-            if self.lock is not None:
+            if self.lock is not None:  # before the descriptor, whose number may be reused
                 lock, self.lock = self.lock, None
                 lock.release()
+            os.close(fd)
 
     def _finish_rewrite(self, source: int, *, discard: bool) -> None:
         """Complete the new file and rename it over the output (``discard``: drop it); on
