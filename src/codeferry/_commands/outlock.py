@@ -14,7 +14,6 @@ run with ``OutputLockError``; on NFS the lock is the server's, across machines.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shlex
@@ -24,8 +23,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock, Timeout
+
 from .. import _settings
 from ..errors import OutputHeldError, OutputLockError
+
+try:
+    import fcntl
+except ImportError:  # Windows: a lock file in the home instead, per home (``_home_lock``)
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["OutputLock", "drop_inherited", "lock_output", "lock_path"]
 
@@ -48,9 +54,9 @@ def _holder_path(lock: Path) -> Path:
 class OutputLock:
     """The ``flock`` this run holds on its output, and its note: ``release`` drops both."""
 
-    def __init__(self, fd: int, note: Path) -> None:
+    def __init__(self, fd: int, note: Path, home: FileLock | None = None) -> None:
         self.fd: int | None = fd
-        self.note = note
+        self.note, self.home = note, home
 
     def release(self) -> None:
         """Remove the note (when it is still ours), then unlock (the descriptor may be
@@ -62,7 +68,10 @@ class OutputLock:
             with contextlib.suppress(OSError):
                 _holder_path(self.note).unlink()
         with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            if self.home is not None:
+                self.home.release()
+            else:
+                fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 def _same_file(path: Path, fd: int) -> bool:
@@ -78,6 +87,8 @@ def lock_output(path: Path, fd: int) -> OutputLock:
     (``OutputHeldError`` when another run holds it): never wait for another run. When
     ``path`` names another file once locked (a run renamed its rewrite over it), ``fd`` is
     reopened on it, the same descriptor number, and locked again."""
+    if fcntl is None:
+        return _home_lock(path, fd)
     for _ in range(_RENAMED_TRIES):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -103,6 +114,27 @@ def lock_output(path: Path, fd: int) -> OutputLock:
     note = lock_path(fd)
     _write_holder(note, path)
     return OutputLock(fd, note)
+
+
+def _home_lock(path: Path, fd: int) -> OutputLock:
+    """Without ``flock`` (Windows): a lock file of the output's inode in this home."""
+    note = lock_path(fd)
+    lock = FileLock(str(note), timeout=0, thread_local=False, mode=0o600)
+    try:
+        note.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        lock.acquire()
+    except Timeout:
+        holder = _read_holder(note)
+        raise OutputHeldError(
+            f"output {path} is being written by another codeferry run ({_describe(holder)}).",
+            path=str(path), lock_path=str(note), holder=holder,
+            fix="wait for that run to finish, or choose another --output.") from None
+    except OSError as exc:
+        raise OutputLockError(f"cannot lock output {path} with {note}: {exc}.",
+                              path=str(path), lock_path=str(note),
+                              fix="set CODEFERRY_HOME to a writable local folder.") from None
+    _write_holder(note, path)
+    return OutputLock(fd, note, lock)
 
 
 def _write_holder(lock: Path, output: Path) -> None:
