@@ -62,10 +62,12 @@ def plant(module_file: str, source: str, mode: str) -> None:
 
 
 def run(model: str, marker: str, mode: str, how: str = "plain",
-        lock: str | None = None) -> dict[str, Any]:
+        lock: str | None = None, force_reload: bool = False) -> dict[str, Any]:
     """Copy the model's module into transformers' cache, plant the pycs, then ask
     ``get_class_in_module`` for its class. ``how``: ``plain`` (no codeferry in the process, or
-    ``codeferry exec`` around it) or ``load`` (``codeferry.load(model, lock=lock)`` first)."""
+    ``codeferry exec`` around it) or ``load`` (``codeferry.load(model, lock=lock)`` first).
+    ``force_reload``: transformers' own, as ``force_download`` sets it: the module is dropped
+    from ``sys.modules`` and executed from its file again, after the gate."""
     if how == "load":
         import codeferry
 
@@ -77,7 +79,7 @@ def run(model: str, marker: str, mode: str, how: str = "plain",
     for name in SOURCE:
         plant(os.path.join(os.path.dirname(module_file), name), _planted(marker, name), mode)
     try:
-        cls = dmu.get_class_in_module("PycConfig", path)
+        cls = dmu.get_class_in_module("PycConfig", path, force_reload=force_reload)
         got = f"{cls.WHO} {cls.HELPER}"
     except Exception as exc:  # the type is the answer
         got = type(exc).__name__

@@ -51,6 +51,19 @@ def test_under_load_with_a_lock_the_locked_source_runs_never_a_planted_pyc(
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_a_forced_reload_under_a_lock_runs_the_checked_bytes_too(
+    tmp_path: Path, forkers: Callable[[str], Forker], mode: str
+) -> None:
+    """``force_download=True`` makes transformers drop the module and execute its file again
+    after the gate; under a lock the class comes from the module the gate ran instead."""
+    model, lock = _model(tmp_path)
+    marker = tmp_path / "marker.txt"
+    out = forkers("spawn").run(child.run, str(model), str(marker), mode, "load", str(lock),
+                               True)
+    assert out == {"got": "source source", "ran": []}
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_plain_transformers_runs_the_planted_pyc(
     tmp_path: Path, forkers: Callable[[str], Forker], mode: str
 ) -> None:

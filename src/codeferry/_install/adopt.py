@@ -310,11 +310,15 @@ def _patch_dynamic_modules(dmu: Any) -> None:
         if allowed is not None:
             where = _engine_lock.read_from if _engine_lock is not None else None
             try:
-                lock_gate.check_module(module_path, dmu, allowed, where=where)
+                checked = lock_gate.check_module(module_path, dmu, allowed, where=where)
             except CodeferryError as exc:
                 _log_error(class_name, module_path, exc)
                 raise
-        cls = original_in_module(class_name, module_path, **kwargs)
+            # the class of the module the gate ran: transformers would execute the file
+            # again, and its pyc, on force_reload (force_download)
+            cls = getattr(checked, class_name)
+        else:
+            cls = original_in_module(class_name, module_path, **kwargs)
         module = sys.modules.get(getattr(cls, "__module__", ""))
         if module is not None:
             adopt_module(module)

@@ -24,6 +24,7 @@ import os
 import re
 import sys
 import threading
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,7 +57,7 @@ def door_of(path: str) -> str:
 
 
 def check_module(module_path: str | os.PathLike[str], dmu: Any,
-                 allowed: frozenset[tuple[str, str]], *, where: str | None) -> None:
+                 allowed: frozenset[tuple[str, str]], *, where: str | None) -> types.ModuleType:
     """Raise ``UnlockedCodeError`` unless ``module_path`` (relative to transformers' module
     cache, as ``get_class_in_module`` gets it) and every file it imports relatively are
     files the lock lists, byte for byte; then execute the module from those very bytes.
@@ -68,7 +69,9 @@ def check_module(module_path: str | os.PathLike[str], dmu: Any,
     module cache, which transformers' ``SourceFileLoader`` would run without comparing it
     with the source (an unchecked-hash pyc; a timestamp pyc only by mtime and size). The
     module then carries a hash transformers takes for its own (``_Executed``), so
-    ``get_class_in_module`` returns its class without reading the file again."""
+    ``get_class_in_module`` returns its class without reading the file again; and the
+    module is returned, for a caller that must not let transformers execute it again at all
+    (``force_reload``)."""
     root = Path(dmu.HF_MODULES_CACHE)
     module_file = root / module_path
     door = door_of(str(module_path))
@@ -98,7 +101,7 @@ def check_module(module_path: str | os.PathLike[str], dmu: Any,
             if other not in files:
                 files[other] = module_file.parent / f"{imported}.py"
                 pending.append(other)
-    _execute(name, checked)
+    return _execute(name, checked)
 
 
 #: transformers' ``get_relative_imports``: ``import .x`` and ``from .x import ...``.
@@ -130,7 +133,7 @@ class _Executed(str):
     __hash__ = str.__hash__
 
 
-def _execute(name: str, checked: dict[str, tuple[str, bytes]]) -> None:
+def _execute(name: str, checked: dict[str, tuple[str, bytes]]) -> types.ModuleType:
     """Execute module ``name`` from ``checked`` (its bytes and its relative imports'),
     unless the module ``sys.modules`` holds was executed by the gate from the same bytes."""
     digest = file_sha256(b"".join(
@@ -138,11 +141,12 @@ def _execute(name: str, checked: dict[str, tuple[str, bytes]]) -> None:
     with _executing:
         _loader.serve_checked(checked)
         module = sys.modules.get(name)
-        if getattr(module, "__codeferry_checked__", None) == digest:
-            return
+        if module is not None and getattr(module, "__codeferry_checked__", None) == digest:
+            return module
         module = _loader.exec_checked(name)
         module.__codeferry_checked__ = digest  # type: ignore[attr-defined]
         module.__transformers_module_hash__ = _Executed(digest)  # type: ignore[attr-defined]
+        return module
 
 
 def check_bundle(bundle: Bundle, allowed: frozenset[tuple[str, str]], *,
