@@ -78,7 +78,7 @@ SETTINGS: tuple[Setting, ...] = (
         ("CODEFERRY_HOME",),
         "`$XDG_CACHE_HOME/codeferry`, else `~/.cache/codeferry`",
         "codeferry's store of verified code units (`v1/units/<token>/`), written atomically under a file lock per unit; "
-        "also the locks of `codeferry run`'s outputs (`run-locks/`)",
+        "also who holds `codeferry run`'s outputs (`run-locks/`: notes; the lock is the output file's own)",
     ),
     Setting(
         ("XDG_CACHE_HOME",),
