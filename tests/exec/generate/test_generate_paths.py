@@ -15,8 +15,18 @@ import pytest
 
 import codeferry
 from codeferry import cli
+from codeferry._exec.engines.base import Complete
 from codeferry._exec.scheduler import STREAM_DEPTH, Call
 from codeferry.testing import ModelSpec, write_model
+
+
+def _plain(new: int) -> Complete:
+    """What ``generate(prompts, max_new_tokens=new)`` sends: one ``Complete`` of texts."""
+    return Complete((), codeferry.SamplingParams(max_tokens=new), texts=True)
+
+
+def _requests(prompts: list[str]) -> list[codeferry.Request]:
+    return [codeferry.Request(prompt=p) for p in prompts]
 
 PROMPTS = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9 w10 w11 w12 w13 w14 w15", "w16 w17", "w3 w9 w27 w81",
            "w2", "w40 w41 w42 w43 w44 w45 w46", "w100 w101 w102 w103"]
@@ -81,7 +91,7 @@ def test_planned_batches_keep_every_output_at_its_input(
         llama_batched: codeferry.Executor) -> None:
     many = [PROMPTS[i % len(PROMPTS)] + f" w{i}" for i in range(40)]
     one_by_one = llama_batched.generate(many, batch_size=1, max_new_tokens=4)
-    planned = llama_batched._batches("generate", many, {"options": {}}, None, Call(len(many)))
+    planned = llama_batched._batches(_plain(4), _requests(many), None, Call(len(many)))
     assert len(planned) > 1 and any(b.indices != sorted(b.indices) or len(b.indices) > 1
                                     for b in planned)
     assert llama_batched.generate(many, max_new_tokens=4) == one_by_one
@@ -103,7 +113,7 @@ def test_decoding_workers_stream_small_batches_with_the_same_outputs(
     many = [PROMPTS[i % len(PROMPTS)] + f" w{i}" for i in range(40)]
     with codeferry.Executor(llama, workers=2, start_method="fork") as ex:
         assert all(info["streams"] for info in ex.worker_info), ex.worker_info
-        planned = ex._batches("generate", many, {"options": {}}, None, Call(len(many)))
+        planned = ex._batches(_plain(4), _requests(many), None, Call(len(many)))
         # an eighth of a worker's rows a batch, STREAM_DEPTH of them in its pipe at once
         assert max(len(b.indices) for b in planned) <= ex.max_batch_size // STREAM_DEPTH
         assert sorted(i for b in planned for i in b.indices) == list(range(len(many)))
