@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,9 +20,10 @@ import codeferry
 from codeferry.errors import BatchFailedError
 from codeferry.testing import ModelSpec, write_model
 
-# Raises whenever any row of the forward's input holds the token that the file named by
-# CODEFERRY_TEST_POISON holds (no file: never); each raise appends a line to its ".count"
-# file, so the test can tell how many batches held the poison.
+# Raises whenever any row of the forward's input holds the token that the file ``marked``
+# holds (no file: never); each raise appends a line to its ".count" file, so the test can
+# tell how many batches held the poison. The path is written into the code, not passed in
+# the environment: a forkserver started earlier by another test would not see a variable.
 POISONED_FORWARD = '''
 
 import os as _os
@@ -32,7 +32,7 @@ _original_forward = {cls}.forward
 
 
 def _forward(self, input_ids=None, **kwargs):
-    marked = _os.environ.get("CODEFERRY_TEST_POISON", "")
+    marked = {marked!r}
     if input_ids is not None and _os.path.exists(marked):
         if int(open(marked).read()) in input_ids.flatten().tolist():
             with open(marked + ".count", "a") as count:
@@ -55,18 +55,24 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = write_model(tmp_path_factory.mktemp("models") / "poisoned",
                        ModelSpec(name="poisoned", tokenizer=True))
     modeling = path / "modeling_poisoned.py"
-    modeling.write_text(modeling.read_text()
-                        + POISONED_FORWARD.format(cls="PoisonedForCausalLM"))
+    modeling.write_text(modeling.read_text() + POISONED_FORWARD.format(
+        cls="PoisonedForCausalLM", marked=str(_marker(path))))
     return path
 
 
+def _marker(model: Path) -> Path:
+    return model.parent / "poison"
+
+
 @pytest.fixture
-def marked(tmp_path: Path) -> Iterator[Path]:
+def marked(model: Path) -> Iterator[Path]:
     """The file that names the poisoned token (absent: nothing raises)."""
-    path = tmp_path / "poison"
-    os.environ["CODEFERRY_TEST_POISON"] = str(path)
+    path = _marker(model)
+    for stale in (path, Path(f"{path}.count")):
+        stale.unlink(missing_ok=True)
     yield path
-    os.environ.pop("CODEFERRY_TEST_POISON", None)
+    for done in (path, Path(f"{path}.count")):
+        done.unlink(missing_ok=True)
 
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])

@@ -103,7 +103,7 @@ def test_an_actor_that_failed_to_start_is_killed_before_its_failed_and_frees_its
             time.sleep(0.2)
         assert ray_cluster.available_resources().get("CPU", 0) == 1, "the actor kept its CPU"
         with pytest.raises(ray_cluster.exceptions.RayActorError):
-            ray_cluster.get(channel.actor.handle.remote("ping", b""), timeout=60)
+            ray_cluster.get(channel.actor.handle.remote(b""), timeout=60)
         with pytest.raises(queue.Empty):  # nothing after failed: the kill is no second failure
             extra = events.get(timeout=1)
             pytest.fail(f"an event after failed: {extra.kind} {extra.body}")

@@ -43,7 +43,8 @@ def test_request_that_fails_to_unpickle_fails_its_batch_at_once(
     pids = executor.pids
     start = time.monotonic()
     with pytest.raises(BatchFailedError) as info:
-        executor.complete([codeferry.Request(prompt=_store_workers.Bomb())],  # type: ignore[arg-type]
+        executor.complete([codeferry.Request(prompt="hello",
+                                             template_kwargs={"bomb": _store_workers.Bomb()})],
                           codeferry.SamplingParams(max_tokens=2))
     assert time.monotonic() - start < 10  # not 6 retries of a dead worker
     cause = info.value.__cause__
