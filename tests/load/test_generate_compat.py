@@ -51,8 +51,11 @@ def test_loaded_causal_lm_generates_like_a_greedy_loop(model_dir: Path) -> None:
     assert module.NogenForCausalLM is type(model)
 
 
-def test_the_executor_generates_with_it(model_dir: Path) -> None:
-    with codeferry.Executor(model_dir, workers=1, start_method="fork",
+@pytest.mark.parametrize("folder", ["model_dir", "super_dir"])
+def test_the_executor_generates_with_it(folder: str, request: pytest.FixtureRequest) -> None:
+    """Without hooks of its own (``model_dir``) or calling ``super`` by its name
+    (``super_dir``): the executor's workers generate with the class as it is."""
+    with codeferry.Executor(request.getfixturevalue(folder), workers=1, start_method="fork",
                             trust_remote_code=True) as ex:
         texts = ex.generate(["hello", "abc"], max_new_tokens=4)
     assert len(texts) == 2 and all(isinstance(t, str) for t in texts)
@@ -79,13 +82,6 @@ def test_a_class_that_calls_super_by_its_own_name_builds_and_generates(super_dir
     assert module.SuperfpForCausalLM is type(model)  # the module's own name, one class
     ids = torch.tensor([[5, 9, 12]])
     assert model.generate(ids, max_new_tokens=4, do_sample=False).shape == (1, 7)
-
-
-def test_the_executor_generates_with_a_super_by_name_class(super_dir: Path) -> None:
-    with codeferry.Executor(super_dir, workers=1, start_method="fork",
-                            trust_remote_code=True) as ex:
-        texts = ex.generate(["hello", "abc"], max_new_tokens=4)
-    assert len(texts) == 2 and all(isinstance(t, str) for t in texts)
 
 
 @pytest.fixture(scope="module")

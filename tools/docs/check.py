@@ -134,19 +134,18 @@ def anchors(path: Path) -> tuple[set[str], set[str]]:
         if not match:
             continue
         text = heading_text(match.group(2))
-        slug = site_slug(text)
-        candidate, n = slug, 0
-        while candidate in site:
-            n += 1
-            candidate = f"{slug}_{n}"
-        site.add(candidate)
-        slug = github_slug(text)
-        candidate, n = slug, 0
-        while candidate in github:
-            n += 1
-            candidate = f"{slug}-{n}"
-        github.add(candidate)
+        _add_unique(site, site_slug(text), "_")
+        _add_unique(github, github_slug(text), "-")
     return site, github
+
+
+def _add_unique(seen: set[str], slug: str, sep: str) -> None:
+    """``slug`` into ``seen``, numbered after ``sep`` when taken, as each renderer does."""
+    candidate, n = slug, 0
+    while candidate in seen:
+        n += 1
+        candidate = f"{slug}{sep}{n}"
+    seen.add(candidate)
 
 
 # -- 1. the site -----------------------------------------------------------------------------
