@@ -46,6 +46,7 @@ __all__ = [
     "BatchFailedError",
     "InputNotFoundError",
     "InputFormatError",
+    "RequestRefusedError",
     "OutputError",
     "CodeChangedError",
     "ResumeMismatchError",
@@ -91,6 +92,10 @@ __all__ = [
     "SamplingParamsError",
     "ChatTemplateMissingError",
     "EngineRefusedError",
+    "SandboxError",
+    "SandboxUnavailableError",
+    "SandboxRefusedError",
+    "SandboxUnsupportedError",
 ]
 
 
@@ -186,6 +191,47 @@ class ExtraMissingError(CodeferryError, ImportError):
     def __init__(self, message: str, *, extra: str = "", **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.extra = extra
+
+
+# -- _sandbox: the box around the processes that run model code ---------------------------
+
+class SandboxError(CodeferryError, PermissionError):
+    """Base of the box's errors: one ``except`` for every way the box stops something."""
+
+
+class SandboxUnavailableError(SandboxError):
+    """The box cannot be built here, so nothing ran (never a silent run without it):
+    ``kernel`` is ``uname -r``, ``abi`` the Landlock ABI it offers (``0``: none), ``needed``
+    the ABI the box needs, ``reason`` what is missing."""
+
+    def __init__(self, message: str, *, kernel: str = "", abi: int = 0, needed: int = 0,
+                 reason: str = "", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.kernel = kernel
+        self.abi = abi
+        self.needed = needed
+        self.reason = reason
+
+
+class SandboxRefusedError(SandboxError):
+    """The box refused what the model's code tried: ``operation`` (``open``, ``connect``,
+    ``socket``, ``exec``, ``kill``...) on ``target`` (a path, an address, a program, a pid);
+    the model's own error is the cause."""
+
+    def __init__(self, message: str, *, operation: str = "", target: str = "",
+                 **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.operation = operation
+        self.target = target
+
+
+class SandboxUnsupportedError(SandboxError, ValueError):
+    """The box was asked for where it cannot be put yet (``where``: the vLLM engine, the Ray
+    backend): refused rather than run unboxed."""
+
+    def __init__(self, message: str, *, where: str = "", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.where = where
 
 
 # -- _code: reading the model's code ------------------------------------------------------
@@ -738,6 +784,18 @@ class InputFormatError(CodeferryError, ValueError):
 
     ``path`` and ``line`` locate it; nothing has been written when this is raised.
     """
+
+
+class RequestRefusedError(InputFormatError):
+    """One input line asks for what codeferry does not do: a request field it does not
+    implement, a model other than the one run, a content part that is not text. ``field``
+    names it. That line alone is answered by this error (status 400 in the OpenAI output, as
+    vLLM answers a bad request) and the others run: a 200 that ignored the field would be a
+    silent wrong answer."""
+
+    def __init__(self, message: str, *, field: str = "", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.field = field
 
 
 class OutputError(CodeferryError, OSError):

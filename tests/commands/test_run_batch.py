@@ -217,8 +217,8 @@ def test_an_input_the_model_fails_on_is_an_openai_error_line(
     modeling = next(model.glob("modeling_*.py"))
     modeling.write_text(modeling.read_text() + RAISING)
     source = write_jsonl(tmp_path / "in.jsonl", [
-        openai_line("ok", "/v1/completions", prompt="abc", max_tokens=2),
-        openai_line("bad", "/v1/completions", prompt="xyz", max_tokens=2)])
+        openai_line("ok", "/v1/completions", prompt="abc", max_tokens=2, model="raiser"),
+        openai_line("bad", "/v1/completions", prompt="xyz", max_tokens=2, model="raiser")])
     output = tmp_path / "out.jsonl"
     code, _, err = run_cli(capsys, "run", str(model), "--input", str(source), "-o", str(output),
                            "--trust-remote-code", "--batch-size", "1", *FAST)

@@ -49,23 +49,26 @@ def over_context(items: list[InputItem], path: object, defaults: SamplingParams,
 
 def outcomes(executor: Executor, task: Task, items: list[InputItem], size: int | None,
               defaults: SamplingParams, pooling: str | None, template: str | None,
-              refused: dict[Id, SamplingParamsError] | None = None) -> Iterator[Outcome]:
+              refused: dict[Id, CodeferryError] | None = None) -> Iterator[Outcome]:
     """``size``: the user's fixed batch size; ``None`` lets the executor plan by tokens.
-    ``refused``: lines answered by their error here, never sent (``over_context``)."""
-    texts = [i.text for i in items]
+    ``refused``: lines answered by their error here, never sent (``over_context``, the
+    fields refused, ``fields``)."""
+    refused = refused or {}
+    sent = [n for n, i in enumerate(items) if i.id not in refused]
+    texts = [items[n].text for n in sent]
+    found: Iterator[Outcome]
     if task == "generate":
-        sent = [n for n, i in enumerate(items) if i.id not in (refused or {})]
         requests = [items[n].request or Request(prompt=items[n].text) for n in sent]
         found = executor.complete_iter(requests, defaults, batch_size=size,
-                                        chat_template=template)
-        if len(sent) == len(items):
-            return found
-        errors = [Outcome(n, error=(refused or {})[i.id]) for n, i in enumerate(items)
-                  if i.id in (refused or {})]
-        return _with(errors, found, sent)
-    if task == "embed":
-        return executor.embed_iter(texts, pooling=pooling or "mean", batch_size=size)
-    return executor.score_iter(texts, batch_size=size)
+                                       chat_template=template)
+    elif task == "embed":
+        found = executor.embed_iter(texts, pooling=pooling or "mean", batch_size=size)
+    else:
+        found = executor.score_iter(texts, batch_size=size)
+    if len(sent) == len(items):
+        return found
+    errors = [Outcome(n, error=refused[i.id]) for n, i in enumerate(items) if i.id in refused]
+    return _with(errors, found, sent)
 
 
 def _with(errors: list[Outcome], found: Iterator[Outcome], sent: list[int]) -> Iterator[Outcome]:

@@ -22,6 +22,7 @@ from ..errors import (
     CodeChangedError,
     CodeUnavailableError,
     RemoteTraceback,
+    RequestRefusedError,
     RequestUnpicklingError,
     SamplingParamsError,
     StoreCorruptError,
@@ -50,8 +51,8 @@ _ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.EMFILE, err
 def machine_fault(error: BaseException) -> BaseException | None:
     """The fault of the machine behind a failed outcome's ``error``; ``None`` when the error is
     the answer for that input (its batch failed, the worker's own error as the cause)."""
-    if isinstance(error, SamplingParamsError):
-        return None  # the line asks what the model cannot do (more than its context)
+    if isinstance(error, (SamplingParamsError, RequestRefusedError)):
+        return None  # the line asks what the run does not do (a field, more than the context)
     if not isinstance(error, BatchFailedError):
         return error  # the executor broke, the code changed: no batch answered anything
     cause = error.__cause__

@@ -37,7 +37,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .._exec.generate.params import Request, SamplingParams
-from ..errors import InputFormatError, InputNotFoundError, SamplingParamsError
+from ..errors import (
+    CodeferryError,
+    InputFormatError,
+    InputNotFoundError,
+    RequestRefusedError,
+    SamplingParamsError,
+)
+from .fields import did_you_mean, join_parts, refusal
 
 __all__ = ["TASKS", "Id", "InputItem", "OpenAI", "Task", "read_inputs"]
 
@@ -74,7 +81,8 @@ class InputItem:
 
     ``text`` is the prompt (or the text to embed or score); for chat, the messages as JSON.
     ``request`` is what a ``generate`` input asks (prompt or messages, parameters);
-    ``openai`` is set for an OpenAI batch line; ``extra`` the keys passed through."""
+    ``openai`` is set for an OpenAI batch line; ``extra`` the keys passed through.
+    ``refused``: the error this line is answered with, never run (``fields``)."""
 
     id: Id
     text: str
@@ -82,6 +90,7 @@ class InputItem:
     request: Request | None = None
     openai: OpenAI | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    refused: CodeferryError | None = None
 
     @property
     def digest_text(self) -> str:
@@ -255,8 +264,11 @@ def _json_item(path: Path, number: int, line: str, keys: tuple[str, str],
                            'add a unique "id" (a string or an integer) to every object.')
     ident = _ident(path, number, "id", row["id"])
     request: Request | None
+    if task == "generate":
+        _typos(path, number, row)
+    refused = None
     if task == "generate" and "messages" in row:
-        messages = _messages(path, number, row["messages"])
+        messages, refused = _messages(path, number, row["messages"])
         request = Request(messages=messages, params=_params(path, number, row))
         text = json.dumps(row["messages"], ensure_ascii=False)
         used = {"id", "messages", *_PARAMS}
@@ -280,7 +292,8 @@ def _json_item(path: Path, number: int, line: str, keys: tuple[str, str],
         raise _input_error(path, number, f"the key {json.dumps(clash[0])} is one the output "
                            "line writes itself.", f"rename {json.dumps(clash[0])} (other keys "
                            "are passed through to the output line).")
-    return InputItem(ident, text, number, request, None, extra)
+    return InputItem(ident, text, number, request, None, extra,
+                     _located(refused, path, number))
 
 
 def _ident(path: Path, number: int, name: str, ident: Any) -> Id:
@@ -292,6 +305,28 @@ def _ident(path: Path, number: int, name: str, ident: Any) -> Id:
     return ident
 
 
+def _typos(path: Path, number: int, row: Mapping[str, Any]) -> None:
+    """A plain line's key that is a sampling field's name misspelt would be passed through
+    and the request run at the defaults: stop before anything runs."""
+    for key in row:
+        near = did_you_mean(key)
+        if near is not None:
+            raise SamplingParamsError(
+                f'the key "{key}" is not a sampling parameter; did you mean "{near}"?',
+                field=key, path=str(path), line=number,
+                fix=f'rename it to "{near}" (a key that is not a parameter is copied to the '
+                "output line: name it further from the parameters' names).")
+
+
+def _located(error: RequestRefusedError | None, path: Path,
+             number: int) -> RequestRefusedError | None:
+    """``error`` naming the input file and line."""
+    if error is None:
+        return None
+    return RequestRefusedError(error.message, field=error.field, path=str(path), line=number,
+                               fix=error.fix)
+
+
 def _params(path: Path, number: int, body: Mapping[str, Any]) -> SamplingParams | None:
     try:
         params = SamplingParams.from_body(body)
@@ -301,7 +336,10 @@ def _params(path: Path, number: int, body: Mapping[str, Any]) -> SamplingParams 
     return params if params.set_fields() else None
 
 
-def _messages(path: Path, number: int, messages: Any) -> tuple[Mapping[str, Any], ...]:
+def _messages(path: Path, number: int, messages: Any) -> tuple[
+        tuple[Mapping[str, Any], ...], RequestRefusedError | None]:
+    """The messages checked, content parts joined (``fields.join_parts``), and the error of
+    a part that is not text."""
     if not isinstance(messages, list) or not messages or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
         raise _input_error(path, number, '"messages" is not a list of {"role": ..., '
@@ -309,7 +347,7 @@ def _messages(path: Path, number: int, messages: Any) -> tuple[Mapping[str, Any]
                            '"content": "Hello"}].')
     for m in messages:
         _check_encodable(path, number, "messages", json.dumps(m, ensure_ascii=False))
-    return tuple(messages)
+    return join_parts(tuple(messages))
 
 
 def _openai_item(path: Path, number: int, row: dict[str, Any], task: Task) -> InputItem:
@@ -334,16 +372,18 @@ def _openai_item(path: Path, number: int, row: dict[str, Any], task: Task) -> In
                            'remove "stream" (a batch writes whole responses).')
     model = body.get("model") if isinstance(body.get("model"), str) else None
     openai = OpenAI(url, model)
+    refused = _located(refusal(body, url), path, number)
     if url == "/v1/embeddings":
         text = body.get("input")
         if not isinstance(text, str) or not text:
             raise _input_error(path, number, '"body.input" is not a non-empty string.',
                                "give one text per line as body.input.")
         _check_encodable(path, number, "input", text)
-        return InputItem(ident, text, number, None, openai)
+        return InputItem(ident, text, number, None, openai, refused=refused)
     params = _params(path, number, body)
     if url == "/v1/chat/completions":
-        messages = _messages(path, number, body.get("messages"))
+        messages, parts = _messages(path, number, body.get("messages"))
+        refused = refused or _located(parts, path, number)
         kwargs = body.get("chat_template_kwargs") or {}
         if not isinstance(kwargs, dict):
             raise _input_error(path, number, '"chat_template_kwargs" is not an object.',
@@ -351,7 +391,7 @@ def _openai_item(path: Path, number: int, row: dict[str, Any], task: Task) -> In
         request = Request(messages=messages, params=params, template_kwargs=kwargs,
                           add_generation_prompt=bool(body.get("add_generation_prompt", True)))
         return InputItem(ident, json.dumps(body["messages"], ensure_ascii=False), number,
-                         request, openai)
+                         request, openai, refused=refused)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -359,7 +399,8 @@ def _openai_item(path: Path, number: int, row: dict[str, Any], task: Task) -> In
         raise _input_error(path, number, '"body.prompt" is not a non-empty string.',
                            "give one prompt per line (a list of several prompts: one line each).")
     _check_encodable(path, number, "prompt", prompt)
-    return InputItem(ident, prompt, number, Request(prompt=prompt, params=params), openai)
+    return InputItem(ident, prompt, number, Request(prompt=prompt, params=params), openai,
+                     refused=refused)
 
 
 def _check_encodable(path: Path, number: int, name: str, value: object) -> None:

@@ -16,7 +16,9 @@ OpenAI's batch output, as ``vllm run-batch`` writes it, for an input in that for
        "usage": {"prompt_tokens", "completion_tokens", "total_tokens"}, ...}}}
 
 and for an input the model failed on: ``"response": {"status_code": 500, ...}, "error":
-{"error": {"message", "type", "param", "code"}}`` (vLLM's ``ErrorResponse``).
+{"error": {"message", "type", "param", "code"}}`` (vLLM's ``ErrorResponse``); for one
+refused before it ran (a field not implemented, over the context), status 400, ``type``
+``BadRequestError`` and ``param`` the field, as vLLM answers a bad request.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 
 from .._code.digest import text_digest
 from .._exec.generate.params import Completion, GenerateResult
-from ..errors import BatchFailedError
+from ..errors import BatchFailedError, RequestRefusedError, SamplingParamsError
 from .inputs import InputItem, Task
 
 __all__ = ["line", "usage"]
@@ -108,9 +110,13 @@ def _openai(item: InputItem, value: Any, error: BaseException | None,
     request_id = f"req_{digest}"
     if error is not None:
         kind, message = _error_text(error)
-        row["response"] = {"status_code": 500, "request_id": request_id, "body": None}
-        row["error"] = {"error": {"message": message, "type": kind, "param": None,
-                                  "code": 500}}
+        status, param = 500, None
+        if isinstance(error, (RequestRefusedError, SamplingParamsError)):
+            # the request's own fault, answered before it ran: vLLM's 400
+            status, kind, param = 400, "BadRequestError", error.field or None
+        row["response"] = {"status_code": status, "request_id": request_id, "body": None}
+        row["error"] = {"error": {"message": message, "type": kind, "param": param,
+                                  "code": status}}
         return row
     name = item.openai.model or model
     created = int(time.time())

@@ -33,25 +33,25 @@ from typing import TYPE_CHECKING, Any, TextIO
 from .. import _settings
 from .._exec.engines.vllm_engine import choose_engine
 from .._exec.executor import Executor
-from .._exec.files import may_have_chat_template, model_context
+from .._exec.files import model_context
 from .._exec.generate.params import SamplingParams
 from .._exec.layout import cpus, devices, layout
 from .._exec.options import WorkerOptions
 from .._exec.plan import Plan, prepare
 from .._trust.options import ModelOptions
-from ..errors import ChatTemplateMissingError, SamplingParamsError
-from .command import Commands, UsageError, add_command, demo, model_options, worker_options
-from .drain import drain, outcomes, over_context
+from ..errors import CodeferryError
+from .command import Commands, add_command, demo, model_options, worker_options
+from .drain import drain, outcomes
 from .flags import (
     add_common_flags,
     add_sampling_flags,
     add_trust_flags,
     add_worker_flags,
-    sampling_params,
 )
 from .inputs import TASKS, Id, InputItem, Task, read_inputs
 from .keywords import RUN_KEYWORDS, RunOptions, options_of, too_small
 from .output import Existing, Sink, lock_path
+from .preflight import check_chat_template, checked_flags, paths, read_template, refused
 from .progress import Progress
 from .record import check_record, producer, record_path, write_record, write_summary
 from .result import RunResult
@@ -132,7 +132,7 @@ class _Inputs:
     options: RunOptions
     #: The context lines are checked against, and the lines over it (``over_context``).
     context: int | None = None
-    refused: dict[Id, SamplingParamsError] = field(default_factory=dict)
+    refused: dict[Id, CodeferryError] = field(default_factory=dict)
 
 
 @dataclass
@@ -172,8 +172,8 @@ def run_with(model: str | os.PathLike[str], input_path: str | os.PathLike[str],
     inputs = _read(input_path, task, params, options)
     plan = _plan(model, inputs, models, workers)
     context = options.max_model_len or model_context(plan.weights.root)
-    inputs = replace(inputs, context=context, refused=over_context(
-        inputs.items, inputs.path, inputs.defaults, context) if task == "generate" else {})
+    inputs = replace(inputs, context=context, refused=refused(
+        model, plan.weights.name, inputs.items, inputs.path, inputs.defaults, context, task))
     opened = _open(output, plan, inputs, workers)
     count = _workers(plan, workers, opened.engine)
     bar = Progress(len(opened.remaining), err, enabled=show)
@@ -218,7 +218,7 @@ def _read(input_path: str | os.PathLike[str], task: Task, params: SamplingParams
     """The first stage: the inputs read whole and checked, the chat template read, the
     sampling defaults made."""
     items = read_inputs(input_path, task)
-    template = _template(options.chat_template)
+    template = read_template(options.chat_template)
     return _Inputs(input_path, task, items, template, params,
                    _defaults(params, options.max_new_tokens), options)
 
@@ -230,13 +230,7 @@ def _plan(model: str | os.PathLike[str], inputs: _Inputs, models: ModelOptions,
     template: the model's, or ``--chat-template``'s."""
     plan = prepare(model, models, tasks=(inputs.task,), device=workers.device,
                    dtype=workers.dtype, demo=True, local_device=workers.backend == "local")
-    if inputs.template is None and any(i.request and i.request.messages for i in inputs.items) \
-            and not may_have_chat_template(plan.weights.root):
-        raise ChatTemplateMissingError(
-            f"the input has chat messages, and the model's tokenizer has no chat template "
-            f"(no chat_template.jinja, nor a chat_template in tokenizer_config.json in "
-            f"{plan.weights.root}).", path=str(inputs.path),
-            fix="pass --chat-template FILE (a Jinja template), or send prompts instead.")
+    check_chat_template(plan.weights.root, inputs.items, inputs.template, inputs.path)
     return plan
 
 
@@ -362,19 +356,6 @@ def _summarize(opened: _Opened, err: TextIO) -> None:
         write_summary(opened.path, opened.result.summary())
 
 
-def _template(chat_template: str | os.PathLike[str] | None) -> str | None:
-    """The text of the ``--chat-template`` file."""
-    if chat_template is None:
-        return None
-    try:
-        return Path(chat_template).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ChatTemplateMissingError(f"cannot read the chat template {chat_template}: "
-                                       f"{getattr(exc, 'strerror', None) or exc}.",
-                                       path=str(chat_template),
-                                       fix="pass a readable UTF-8 Jinja file to --chat-template.") from None
-
-
 def _defaults(params: SamplingParams | None, max_new_tokens: int | None) -> SamplingParams:
     """The run's sampling defaults: ``params``, ``max_new_tokens`` as its ``max_tokens``."""
     base = SamplingParams(max_tokens=max_new_tokens)
@@ -396,8 +377,8 @@ def run_command(args: argparse.Namespace) -> int:
     and prints JSONL. Exit 0: every input has a result; 1: some failed (error lines) or an
     error; 2: usage.
     """
-    params = _checked_flags(args)
-    inputs, output = _paths(args)
+    params = checked_flags(args)
+    inputs, output = paths(args)
     # The workers' "Loading weights" bars would garble ours (and clutter logs).
     _settings.quiet_hub_progress()
     try:
@@ -408,46 +389,6 @@ def run_command(args: argparse.Namespace) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 1
     return 0 if result.failed == 0 else 1
-
-
-def _checked_flags(args: argparse.Namespace) -> SamplingParams | None:
-    """The sampling flags as ``SamplingParams``, once every flag is checked (``UsageError``:
-    a flag its task does not take, a count below 1, a timeout not above 0)."""
-    try:
-        params = sampling_params(args)
-    except SamplingParamsError as exc:
-        raise UsageError(f"--{exc.field.replace('_', '-')}: {exc}") from None
-    if (params is not None or args.chat_template) and args.task != "generate":
-        raise UsageError("sampling flags and --chat-template apply to --task generate only")
-    if args.pooling is not None and args.task != "embed":
-        raise UsageError("--pooling applies to --task embed only")
-    if args.max_new_tokens is not None and args.task != "generate":
-        raise UsageError("--max-new-tokens applies to --task generate only")
-    small = too_small(workers=args.workers, batch_size=args.batch_size,
-                      max_new_tokens=args.max_new_tokens, max_model_len=args.max_model_len)
-    if small is not None:
-        raise UsageError(f"--{small[0].replace('_', '-')} must be at least 1, got {small[1]}")
-    if args.batch_timeout is not None and not args.batch_timeout > 0:
-        raise UsageError(f"--batch-timeout must be more than 0 seconds, got {args.batch_timeout}")
-    return params
-
-
-def _paths(args: argparse.Namespace) -> tuple[Path, str]:
-    """``--input`` (the demo's prompts without a MODEL) and ``--output`` (``-``: stdout),
-    checked: an output that is a folder, or the input itself, is refused."""
-    if args.input is None and args.model is not None:
-        raise UsageError("--input FILE is required with a MODEL (without MODEL, the bundled "
-                         "demo runs on its own prompts)")
-    inputs = Path(args.input) if args.input else Path(demo()) / "prompts.txt"
-    output = args.output or "-"
-    if output != "-":
-        target = Path(output)
-        if target.is_dir():
-            raise UsageError(f"--output {output} is a folder: name a file")
-        if (target.exists() and args.input != "-" and inputs.exists()
-                and os.path.samefile(target, inputs)):
-            raise UsageError(f"--output {output} is the input file: name another file")
-    return inputs, output
 
 
 def register(sub: Commands) -> None:
