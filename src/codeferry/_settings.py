@@ -46,6 +46,11 @@ __all__ = [
     "ray_address",
     "python_path",
     "ray_ship_limit",
+    "sandbox_landlock",
+    "sandbox_list",
+    "sandbox_switch",
+    "scrub_environment",
+    "set_temp_dir",
     "vllm_plugin_enabled",
 ]
 
@@ -179,6 +184,31 @@ SETTINGS: tuple[Setting, ...] = (
         ("CODEFERRY_RAY_SHIP_LIMIT",),
         "`2147483648` (2 GiB)",
         'with `backend="ray"`: the most bytes of weights the driver ships through Ray\'s object store; a node that lacks them in its own hub cache when they are larger fails with `WeightsTooLargeError` (see "Past one machine")',
+    ),
+    Setting(
+        ("CODEFERRY_SANDBOX",),
+        "off",
+        "`1`: every process that runs model code runs in the box (`Executor(sandbox=None)`, `codeferry run`); see the security page",
+    ),
+    Setting(
+        ("CODEFERRY_SANDBOX_LANDLOCK",),
+        "on",
+        "`0` acts as a kernel without Landlock: asking for the box then fails, typed (`SandboxUnavailableError`), as it would there",
+    ),
+    Setting(
+        ("CODEFERRY_SANDBOX_READ", "CODEFERRY_SANDBOX_WRITE"),
+        "none",
+        "more folders the box lets model code read, or read and write (`os.pathsep`-separated)",
+    ),
+    Setting(
+        ("CODEFERRY_SANDBOX_PORTS",),
+        "none",
+        "TCP ports (comma-separated) the box lets model code bind and connect to, such as a distributed init's on loopback",
+    ),
+    Setting(
+        ("CODEFERRY_SANDBOX_KEEP",),
+        "none",
+        "credential variables (comma-separated names) the box keeps; every other one named like a token, key, secret, password or credential is removed",
     ),
     Setting(
         ("HF_TOKEN",),
@@ -344,6 +374,36 @@ def quiet_hub_progress() -> None:
     """Turn huggingface_hub's progress bars off unless the user set them (the command line
     draws its own)."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def sandbox_switch() -> bool:
+    """``CODEFERRY_SANDBOX``: whether model code runs in the box when nobody said."""
+    return (os.environ.get("CODEFERRY_SANDBOX") or "").strip().upper() in _TRUE
+
+
+def sandbox_landlock() -> bool:
+    """``CODEFERRY_SANDBOX_LANDLOCK``: ``False`` acts as a kernel without Landlock."""
+    return (os.environ.get("CODEFERRY_SANDBOX_LANDLOCK") or "1").strip().upper() not in _FALSE
+
+
+def sandbox_list(name: str) -> tuple[str, ...]:
+    """A list setting of the box: ``READ``/``WRITE`` (paths, ``os.pathsep``), ``PORTS`` or
+    ``KEEP`` (commas), as the suffix of ``CODEFERRY_SANDBOX_``."""
+    value = _get(f"CODEFERRY_SANDBOX_{name}") or ""
+    parts = value.split(os.pathsep if name in ("READ", "WRITE") else ",")
+    return tuple(p.strip() for p in parts if p.strip())
+
+
+def scrub_environment(drop: frozenset[str] | set[str]) -> None:
+    """Remove the variables ``drop`` from this process's environment (the box's credentials:
+    this process only, its parent keeps them)."""
+    for name in drop:
+        os.environ.pop(name, None)
+
+
+def set_temp_dir(path: str) -> None:
+    """``TMPDIR`` for this process and those it starts (the box's scratch folder)."""
+    os.environ["TMPDIR"] = path
 
 
 def names() -> frozenset[str]:

@@ -20,6 +20,7 @@ from _helpers import SRC
 #: Lowest first. A new module or subpackage gets a place here.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "_version", "_settings"),  # nothing of codeferry's below them
+    ("_sandbox",),   # the box around processes that run model code: Landlock and seccomp
     ("_code",),      # static: auto_map, import graph, sources, Hub, digests, lock, audit, resolve
     ("_trust",),     # the one trust decision, the process policy, the options value
     ("_runtime", "_dyn"),  # store, private copies, finder and loader, pickling; _dyn: the

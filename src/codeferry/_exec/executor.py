@@ -37,7 +37,7 @@ from .engines.vllm_engine import choose_engine
 from .files import model_context
 from .generate.params import Conversation, GenerateResult, Request, SamplingParams, conversations
 from .layout import cpus, device_for, devices, layout
-from .options import Backend, EngineName, GeneratePath, StartMethod, WorkerOptions
+from .options import Backend, EngineName, GeneratePath, StartMethod, WorkerOptions, sandbox_request
 from .plan import Plan, prepare
 from .scheduler import STREAM_DEPTH, Batch, Call, Outcome, Scheduler
 from .workers.checks import check_main_guard
@@ -74,14 +74,12 @@ class Executor:
     ``revision``), as in transformers: the model is built from ``revision``'s config and
     weights with that code's classes.
 
-    ``digest`` is the code digest the caller already checked, if any: other code found
-    now raises ``CodeChangedError``. Either way, ``self.digest`` is what every worker (and
-    every replacement) verifies before it executes anything.
+    ``digest``: the code digest the caller checked, if any (other code raises
+    ``CodeChangedError``); every worker and replacement verifies ``self.digest`` first.
 
-    ``warm=True`` forks workers from a zygote that has torch and transformers imported
-    already (started once per process, see ``zygote``) instead of starting each one
-    with ``start_method``: seconds saved per worker, and each still loads and verifies
-    the code itself.
+    ``warm=True`` forks workers from a zygote with torch and transformers imported (one per
+    process, see ``zygote``) instead of ``start_method``: seconds saved per worker; each still
+    loads and verifies the code itself.
 
     ``workers`` (default: two sharing a CPU machine's cores, one on a one-core machine; one
     per visible GPU; two Ray actors: ``layout``) and ``threads_per_worker`` (default: the
@@ -94,9 +92,11 @@ class Executor:
     ``generate`` otherwise), ``"decode"``, ``"continuous"`` or ``"batched"``; each worker's
     choice is in ``worker_info`` (``stream.choose``).
 
-    Refused before any worker starts (``checks``): a ``device`` this machine's torch
-    cannot use (``DeviceError``), and spawn or forkserver workers started by a main script
-    outside ``if __name__ == "__main__":`` (``MainGuardError``).
+    Refused before any worker starts (``checks``): a ``device`` this machine's torch cannot
+    use (``DeviceError``), spawn or forkserver workers started by a main script outside ``if
+    __name__ == "__main__":`` (``MainGuardError``). ``sandbox=True`` (``None``:
+    ``CODEFERRY_SANDBOX``) runs each worker in the box (``_sandbox``, docs/security.md), or
+    fails, typed, where the kernel cannot build it.
 
     ``batch_timeout`` (seconds, default off): a worker whose batch runs longer is killed
     and replaced and the batch retried (``BatchTimeoutError`` is the last cause), so a
@@ -110,9 +110,8 @@ class Executor:
     arguments of ``vllm.LLM`` (``vllm_engine``; docs/executor.md "Engines").
 
     ``backend="ray"`` runs the workers as Ray actors across a cluster (``address`` or
-    ``RAY_ADDRESS`` as for ``ray.init``; a local cluster otherwise), ``ray_resources``
-    per actor (``num_cpus``, ``num_gpus``, ``resources``); see ``ray_backend``. The methods
-    and guarantees are the same.
+    ``RAY_ADDRESS`` as for ``ray.init``, else a local cluster), ``ray_resources`` per actor
+    (``num_cpus``, ``num_gpus``, ``resources``; ``ray_backend``): same methods and guarantees.
 
     The ``concurrent.futures`` shape: ``submit``, ``map``, ``shutdown``, ``with``; leaving
     ``with`` waits for what was submitted (``shutdown(wait=True)``), unless a Ctrl-C leaves
@@ -150,6 +149,7 @@ class Executor:
         engine: EngineName = "auto",
         engine_options: dict[str, Any] | None = None,
         max_model_len: int | None = None,
+        sandbox: bool | None = None,
     ) -> None:
         self._open(model, ModelOptions.of(locals()), WorkerOptions.of(locals()),
                    tuple(preload), digest, max_model_len)
@@ -163,8 +163,10 @@ class Executor:
             check_main_guard("spawn" if worker.warm else worker.start_method)  # the zygote is spawned
         #: The engine the workers get, and why (``choose_engine``); one vLLM engine batches
         #: every row itself, on every core: one worker unless told otherwise.
+        request = sandbox_request(worker)  # refused first; in the box, 'auto' is transformers
+        tasks = model.tasks if isinstance(model, Plan) else preload
         self.engine, self.engine_reason = choose_engine(
-            worker.engine, worker.backend, model.tasks if isinstance(model, Plan) else preload)
+            "transformers" if request else worker.engine, worker.backend, tasks)
         count = 1 if worker.workers is None and self.engine != "transformers" else worker.workers
         plan = model if isinstance(model, Plan) else prepare(
             model, options, tasks=preload, device=worker.device, dtype=worker.dtype,
@@ -193,7 +195,7 @@ class Executor:
         self.warm = worker.warm
         self.backend = worker.backend
         choice = EngineChoice(self.engine, worker.generate_path,
-                              tuple((worker.engine_options or {}).items()))
+                              tuple((worker.engine_options or {}).items()), request)
         specs = [
             WorkerSpec(self.model, plan.for_workers(),
                        device if worker.backend == "ray" else device_for(device, slot),
@@ -482,9 +484,8 @@ class Executor:
     def collective_rpc(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
         """Run ``func(worker, *args, **kwargs)`` on every worker; one result per worker.
 
-        For control messages only. ``func`` must be importable by name (a module-level
-        function); ``worker`` exposes ``models``, ``tokenizer``, ``classes`` and ``spec``.
-        The first worker's error is raised; a worker that dies meanwhile is a ``WorkerError``.
+        For control messages only; ``func`` is module-level, ``worker`` has ``models``,
+        ``tokenizer``, ``classes``, ``spec``. The first error is raised (a death: ``WorkerError``).
         """
         self._check_open()
         calls = [Call(1) for _ in self._scheduler.specs]

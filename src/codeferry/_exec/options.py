@@ -13,9 +13,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-__all__ = ["Backend", "EngineName", "GeneratePath", "StartMethod", "WorkerOptions"]
+from .. import _settings
+
+if TYPE_CHECKING:
+    from .._sandbox.policy import Request
+
+__all__ = ["Backend", "EngineName", "GeneratePath", "StartMethod", "WorkerOptions",
+           "sandbox_request"]
 
 StartMethod = Literal["spawn", "forkserver", "fork"]
 Backend = Literal["local", "ray"]
@@ -47,6 +53,8 @@ class WorkerOptions:
     engine: EngineName = "auto"
     #: Keyword arguments of ``vllm.LLM`` for the vLLM engine.
     engine_options: Mapping[str, Any] | None = None
+    #: Run every worker in the box (``_sandbox``); ``None``: ``CODEFERRY_SANDBOX`` says.
+    sandbox: bool | None = None
 
     def __post_init__(self) -> None:
         if self.generate_path not in GENERATE_PATHS:
@@ -65,3 +73,26 @@ class WorkerOptions:
     def keywords(self) -> dict[str, Any]:
         """The options as ``Executor``'s keyword arguments."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def sandbox_request(options: WorkerOptions) -> Request | None:
+    """The box each worker enters (``None``: no box), checked here first, so a kernel that
+    cannot build it fails in the parent, typed (``SandboxUnavailableError``), before any
+    worker starts. The Ray backend and the vLLM engine are refused
+    (``SandboxUnsupportedError``): they would run unboxed; ``engine='auto'`` takes
+    transformers in the box."""
+    wanted = options.sandbox if options.sandbox is not None else _settings.sandbox_switch()
+    if not wanted:
+        return None
+    from .._sandbox.box import check_available, request_from_settings
+    from ..errors import SandboxUnsupportedError
+
+    where = ("the Ray backend" if options.backend == "ray"
+             else "the vLLM engine" if options.engine == "vllm" else None)
+    if where is not None:
+        raise SandboxUnsupportedError(
+            f"the sandbox cannot hold {where} yet; refused rather than run unboxed.",
+            where=where, fix="use backend='local' and engine='transformers' (or 'auto') with "
+            "the sandbox, or run without it only if you trust this code.")
+    check_available()
+    return request_from_settings()

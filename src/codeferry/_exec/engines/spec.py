@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..._sandbox.policy import Request
     from ..._trust.options import ModelOptions
 
 __all__ = ["EngineChoice", "WorkerSpec"]
@@ -14,7 +15,7 @@ __all__ = ["EngineChoice", "WorkerSpec"]
 
 @dataclass(frozen=True)
 class EngineChoice:
-    """Which engine a worker builds, and how it generates."""
+    """Which engine a worker builds, how it generates, and in which box."""
 
     #: ``transformers``, ``vllm`` or ``auto`` (vLLM, else transformers with the reason):
     #: see ``workers.worker.build_engine`` (the parent resolved ``auto`` when vLLM is not
@@ -24,6 +25,9 @@ class EngineChoice:
     generate_path: str = "auto"
     #: Keyword arguments of ``vllm.LLM`` for the vLLM engine (``Executor(engine_options=)``).
     vllm_options: tuple[tuple[str, Any], ...] = ()
+    #: The box the worker enters before it builds the engine and imports the model's code
+    #: (``None``: no box; ``workers.worker.worker_main``).
+    sandbox: Request | None = None
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ... import _settings
+from ..._sandbox.box import enter, refusal
 from ..engines.base import Complete, Embed, Engine, Rpc, Score, Work
 from ..engines.hf_engine import TransformersEngine
 from ..engines.spec import WorkerSpec
@@ -89,7 +90,9 @@ ErrorPayload = tuple[bytes | None, str, str]
 
 
 def error_payload(exc: BaseException) -> ErrorPayload:
-    """A worker's error as it travels: (pickled error or None, traceback, summary)."""
+    """A worker's error as it travels: (pickled error or None, traceback, summary); an
+    access the box refused travels as the ``SandboxRefusedError`` that names it."""
+    exc = refusal(exc)  # first: formatting the traceback reads files
     text = traceback.format_exc()
     try:
         blob = pickle.dumps(exc)
@@ -159,6 +162,14 @@ def worker_main(spec: WorkerSpec, conn: Connection, parent_pid: int,
     which a forked worker holds a copy of and must close, or EOF would never come.
     ``slot``: the worker's number, which names its stdout lines on stderr.
     """
+    if spec.engine.sandbox is not None:
+        # Before any thread starts (Landlock holds the calling thread and those it starts)
+        # and before the model's code is imported; torch and transformers are imported.
+        try:
+            enter(spec.engine.sandbox, [p for p in (spec.model, spec.code) if p])
+        except BaseException as exc:  # noqa: BLE001 - the handshake carries it to the parent
+            conn.send(("failed", os.getpid(), error_payload(exc)))
+            return
     route_stdout("codeferry worker" if slot is None else f"codeferry worker {slot}")
     # Ctrl-C reaches the whole process group: the parent decides what stops, and how.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -1,0 +1,238 @@
+"""Entering the box: the policy enforced by the kernel on this process and all it starts,
+and a refused access named when it surfaces as the model's own ``PermissionError``.
+
+``enter`` fails closed: a kernel without Landlock (or below the ABI the box needs), an
+architecture without a socket filter, a thread already running beside the caller (Landlock
+before ABI 8 restricts only the calling thread and those it starts) or any call that fails
+raises ``SandboxUnavailableError`` before any model code runs; nothing is half applied
+that the caller could mistake for a box, since ``restrict_self`` is the last step.
+
+Refusals are the kernel's (``EACCES``/``EPERM``); which operation and target the model tried
+is read from the error where it names a file, else from the last operation this thread
+announced through Python's audit events (``sys.addaudithook``): bookkeeping only, the
+kernel decides.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import os
+import platform
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from .. import _settings
+from ..errors import SandboxRefusedError, SandboxUnavailableError
+from . import landlock, seccomp
+from .policy import Policy, Request, build_policy, is_credential
+
+__all__ = ["NEEDED_ABI", "active", "check_available", "enter", "enter_policy", "policy_for",
+           "refusal", "request_from_settings"]
+
+#: Landlock ABI 6: filesystem rights, TCP bind/connect (4), signal and abstract-socket scopes.
+NEEDED_ABI = 6
+_READ = ("read_file", "read_dir")
+_WRITE = tuple(n for n in landlock.FS if n != "execute")
+_FIX = ("run on Linux 6.12 or later with Landlock enabled (`lsm=...,landlock` on the kernel "
+        "command line; `cat /sys/kernel/security/lsm` lists it), or run without the box "
+        "(no --sandbox, CODEFERRY_SANDBOX unset) if you trust this code.")
+_state = threading.local()
+_entered: list[Policy] = []
+
+
+def active() -> Policy | None:
+    """The policy this process entered, if any."""
+    return _entered[0] if _entered else None
+
+
+def _unavailable(reason: str, abi: int) -> SandboxUnavailableError:
+    kernel = platform.release()
+    return SandboxUnavailableError(
+        f"the sandbox cannot be built here: {reason} (kernel {kernel}, Landlock ABI {abi}, "
+        f"the box needs ABI {NEEDED_ABI}); nothing ran.", kernel=kernel, abi=abi,
+        needed=NEEDED_ABI, reason=reason, fix=_FIX)
+
+
+def check_available() -> int:
+    """The kernel's Landlock ABI, or ``SandboxUnavailableError`` saying what is missing."""
+    if not _settings.sandbox_landlock():
+        raise _unavailable("Landlock is switched off (CODEFERRY_SANDBOX_LANDLOCK=0 acts as a "
+                           "kernel without it)", 0)
+    try:
+        abi = landlock.abi_version()
+    except OSError as exc:
+        raise _unavailable(f"probing Landlock failed: {exc}", 0) from None
+    if abi == 0:
+        raise _unavailable("the kernel has no Landlock (not built in, or not enabled at boot)", 0)
+    if abi < NEEDED_ABI:
+        raise _unavailable("the kernel's Landlock is too old for network and signal rules", abi)
+    if not seccomp.supported():
+        raise _unavailable(f"no socket filter for the {platform.machine()} architecture", abi)
+    return abi
+
+
+def request_from_settings(**more: Iterable[Any]) -> Request:
+    """The ``Request`` the ``CODEFERRY_SANDBOX_*`` settings make, plus ``more`` of each."""
+    def ports(values: Iterable[str]) -> tuple[int, ...]:
+        try:
+            return tuple(int(v) for v in values)
+        except ValueError:
+            raise _unavailable(f"CODEFERRY_SANDBOX_PORTS is not a list of numbers: "
+                               f"{','.join(values)}", 0) from None
+    return Request(read=(*_settings.sandbox_list("READ"), *more.get("read", ())),
+                   write=(*_settings.sandbox_list("WRITE"), *more.get("write", ())),
+                   ports=(*ports(_settings.sandbox_list("PORTS")), *more.get("ports", ())),
+                   keep=(*_settings.sandbox_list("KEEP"), *more.get("keep", ())),
+                   execute=tuple(more.get("execute", ())))
+
+
+def policy_for(request: Request, model_paths: Iterable[str], scratch: str | None = None) -> Policy:
+    """The policy of a process that runs the code in ``model_paths``: codeferry's store and
+    the hub cache entries of those models read too, a fresh private scratch folder."""
+    paths = [os.path.realpath(p) for p in model_paths]
+    hub = os.path.realpath(_settings.hub_cache())
+    entries = []
+    for path in paths:  # a snapshot's files are links into the repo's blobs/
+        if path.startswith(hub + os.sep):
+            entries.append(os.path.join(hub, path[len(hub) + 1:].split(os.sep)[0]))
+    scratch = scratch or tempfile.mkdtemp(prefix="codeferry-box-")
+    store = _settings.codeferry_home()  # made now (private, as the store makes it): a rule
+    store.mkdir(mode=0o700, parents=True, exist_ok=True)  # names only what exists
+    return build_policy(request, model_paths=[*paths, *entries], scratch=scratch,
+                        home=os.path.expanduser("~"), stores=[str(store)])
+
+
+def enter_policy(policy: Policy) -> None:
+    """Enforce ``policy`` on this process and everything it starts, for good."""
+    abi = check_available()
+    if threading.active_count() > 1:
+        raise _unavailable(f"{threading.active_count() - 1} thread(s) already run beside this "
+                           "one and would stay outside the box", abi)
+    everything = landlock.fs_rights(tuple(landlock.FS), abi)
+    try:
+        ruleset = landlock.Ruleset(abi, everything,
+                                   landlock.NET_BIND_TCP | landlock.NET_CONNECT_TCP,
+                                   landlock.SCOPE_ABSTRACT_UNIX | landlock.SCOPE_SIGNAL)
+        for path in policy.read:
+            ruleset.allow_path(path, landlock.fs_rights(_READ, abi))
+        for path in (*policy.write, *policy.devices):
+            if os.path.exists(path):
+                ruleset.allow_path(path, landlock.fs_rights(_WRITE, abi))
+        for path in policy.execute:
+            ruleset.allow_path(path, landlock.fs_rights(("execute", "read_file"), abi))
+        for port in policy.ports:
+            ruleset.allow_port(port, landlock.NET_BIND_TCP | landlock.NET_CONNECT_TCP)
+        landlock.no_new_privs()
+        seccomp.install_socket_filter()
+        ruleset.restrict_self()
+    except OSError as exc:
+        raise _unavailable(f"building the box failed: {exc}", abi) from None
+    _settings.scrub_environment({n for n in _settings.environment_with({})
+                                 if is_credential(n, policy.keep)})
+    _settings.set_temp_dir(policy.scratch)
+    tempfile.tempdir = policy.scratch
+    atexit.register(shutil.rmtree, policy.scratch, True)
+    _entered.append(policy)
+    sys.addaudithook(_audit)
+
+
+def enter(request: Request, model_paths: Iterable[str]) -> Policy:
+    """Build this process's policy and enforce it (``enter_policy``)."""
+    check_available()  # before a scratch folder is made for nothing
+    policy = policy_for(request, model_paths)
+    enter_policy(policy)
+    return policy
+
+
+#: The audited operations whose refusal names no file (``OSError.filename``), and the
+#: programs started (whose refusal names the program): what ``refusal`` cannot read from
+#: the error itself. Opens are not recorded: their errors name the file.
+_EVENTS = {
+    "os.kill": ("kill", 0), "os.killpg": ("kill", 0), "os.system": ("exec", 0),
+    "os.exec": ("exec", 0), "os.posix_spawn": ("exec", 0), "subprocess.Popen": ("exec", 1),
+    "socket.connect": ("connect", 1), "socket.bind": ("bind", 1),
+    "socket.sendto": ("sendto", 1), "socket.__new__": ("socket", 1),
+}
+
+
+def _name(kind: Any, value: Any) -> str:
+    try:
+        return str(kind(value).name)
+    except ValueError:
+        return str(value)
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    found = _EVENTS.get(event)
+    if found is None:
+        return
+    operation, index = found
+    if event == "socket.__new__":
+        target = f"{_name(socket.AddressFamily, args[1])}, {_name(socket.SocketKind, args[2])}"
+    elif event == "os.kill" and len(args) > 1:
+        target = f"pid {args[0]} (signal {args[1]})"
+    else:
+        target = repr(args[index]) if len(args) > index and not isinstance(args[index], str) \
+            else str(args[index]) if len(args) > index else ""
+    _state.last = (operation, target)
+
+
+def _removed_credential(exc: BaseException) -> str | None:
+    """The credential a ``KeyError`` asked the environment for, when the box removed it."""
+    current: BaseException | None = exc
+    for _ in range(16):
+        if current is None:
+            return None
+        if isinstance(current, KeyError) and current.args and isinstance(current.args[0], str) \
+                and is_credential(current.args[0], _entered[0].keep):
+            return current.args[0]
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _denied(exc: BaseException) -> OSError | None:
+    seen = 0
+    current: BaseException | None = exc
+    while current is not None and seen < 16:
+        if isinstance(current, OSError) and current.errno in (errno.EACCES, errno.EPERM):
+            return current
+        current = current.__cause__ or current.__context__
+        seen += 1
+    return None
+
+
+def refusal(exc: BaseException) -> BaseException:
+    """``exc`` as a ``SandboxRefusedError`` naming the operation and target when it (or its
+    cause) is an access the box refused in this process; else ``exc`` itself."""
+    if not _entered or isinstance(exc, SandboxRefusedError):
+        return exc
+    removed = _removed_credential(exc)
+    if removed is not None:
+        error = SandboxRefusedError(
+            f"the sandbox removed the credential {removed} from the environment (the model's "
+            f"code raised {type(exc).__name__}: {exc})", operation="environ", target=removed,
+            fix=f"set CODEFERRY_SANDBOX_KEEP={removed} if this code must have it.")
+        error.__cause__ = exc
+        return error
+    denied = _denied(exc)
+    if denied is None:
+        return exc
+    operation, target = getattr(_state, "last", ("", ""))
+    if denied.filename is not None:
+        operation = "exec" if operation == "exec" and str(denied.filename) in target else "open"
+        target = str(denied.filename)
+    error = SandboxRefusedError(
+        f"the sandbox refused {operation or 'an access'} {target}: {denied.strerror or denied}"
+        f" (the model's code raised {type(exc).__name__}: {exc})",
+        operation=operation, target=target, path=target if denied.filename else None,
+        fix="the model's code tried what the box does not allow; if it must, allow it "
+        "(CODEFERRY_SANDBOX_READ, _WRITE, _PORTS, _KEEP), or run without the box only if you "
+        "trust this code.")
+    error.__cause__ = exc
+    return error

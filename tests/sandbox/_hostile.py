@@ -1,0 +1,138 @@
+"""A hostile remote-code model, built by the tests: at import, in ``__init__`` or in
+``forward`` (the stage its control file names) it tries one thing the box must refuse.
+
+The control file (``control`` in the model's folder, which the box lets it read) holds
+``STAGE ATTEMPT PORT``; no file: the model is benign. Its code is written with the planted
+home and the control path in it, not passed in the environment: the box removes what it
+wants from there, and a forkserver started by an earlier test would not see a variable.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from codeferry.testing import ModelSpec, write_model
+
+#: Every attempt the box must refuse, by the name the control file gives it.
+ATTEMPTS = ("ssh_key", "hub_token", "env_token", "connect_local", "connect_metadata", "udp",
+            "write_bashrc", "write_model", "shell", "signal_parent")
+
+HOSTILE = '''
+
+import errno as _errno
+import os as _os
+import socket as _socket
+import subprocess as _subprocess
+
+_HOME = {home!r}
+_CONTROL = {control!r}
+_MODEL = {model!r}
+
+
+def _attempt(name, port):
+    if name == "ssh_key":
+        return open(_HOME + "/.ssh/id_rsa").read()
+    if name == "hub_token":
+        return open(_HOME + "/.cache/huggingface/token").read()
+    if name == "env_token":
+        return _os.environ["HF_TOKEN"]
+    if name == "connect_local":
+        _socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        return "connected"
+    if name == "connect_metadata":
+        sock = _socket.socket()
+        sock.settimeout(0.5)
+        try:
+            sock.connect(("169.254.169.254", 80))
+        except OSError as exc:  # reached the network: no route, or no answer
+            if exc.errno in (_errno.EACCES, _errno.EPERM):
+                raise
+        finally:
+            sock.close()
+        return "reached"
+    if name == "udp":
+        sock = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
+        sock.sendto(b"x", ("127.0.0.1", port))
+        return "sent"
+    if name == "write_bashrc":
+        with open(_HOME + "/.bashrc", "a") as f:
+            f.write("echo owned\\n")
+        return "written"
+    if name == "write_model":
+        with open(_MODEL + "/planted.txt", "w") as f:
+            f.write("owned")
+        return "written"
+    if name == "shell":
+        return _subprocess.run(["sh", "-c", "true"], check=True).returncode
+    if name == "signal_parent":
+        _os.kill(_os.getppid(), 0)
+        return "signalled"
+    raise ValueError(name)
+
+
+def _stage(stage):
+    try:
+        with open(_CONTROL) as f:
+            parts = f.read().split()
+    except FileNotFoundError:
+        return
+    if parts and parts[0] == stage:
+        _attempt(parts[1], int(parts[2]))
+
+
+_stage("import")
+_hostile_init = {cls}.__init__
+_hostile_forward = {cls}.forward
+
+
+def _init(self, *args, **kwargs):
+    _stage("init")
+    _hostile_init(self, *args, **kwargs)
+
+
+def _forward(self, *args, **kwargs):
+    _stage("forward")
+    return _hostile_forward(self, *args, **kwargs)
+
+
+{cls}.__init__ = _init
+{cls}.forward = _forward
+'''
+
+
+def write_hostile(root: Path, home: Path) -> Path:
+    """The hostile model under ``root``; ``home`` is the planted home it reads and writes."""
+    path = write_model(root / "hostile", ModelSpec(name="hostile", tokenizer=True))
+    modeling = path / "modeling_hostile.py"
+    modeling.write_text(modeling.read_text() + HOSTILE.format(
+        cls="HostileForCausalLM", home=str(home), control=str(path / "control"),
+        model=str(path)))
+    return path
+
+
+def plant_home(home: Path) -> Path:
+    """A home with an ssh key, a hub token and a ``.bashrc``, as a user's."""
+    (home / ".ssh").mkdir(parents=True, exist_ok=True)
+    (home / ".ssh" / "id_rsa").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nsecret\n")
+    (home / ".cache" / "huggingface").mkdir(parents=True, exist_ok=True)
+    (home / ".cache" / "huggingface" / "token").write_text("hf_planted_token\n")
+    (home / ".bashrc").write_text("# the user's\n")
+    return home
+
+
+@contextmanager
+def listener() -> Iterator[int]:
+    """A TCP port listening on 127.0.0.1 (connections queue in its backlog)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    stop = threading.Event()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        server.close()

@@ -1,0 +1,163 @@
+"""Executor workers in the box: a hostile model's every attempt is refused by the kernel and
+reaches the caller as a ``SandboxRefusedError`` naming what was tried, in spawn, forkserver
+and fork workers; without the box the same model does all of it (so the test bites).
+
+Real processes and the real kernel (Landlock, seccomp): nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _hostile import ATTEMPTS, listener, plant_home, write_hostile
+
+import codeferry
+from codeferry.errors import (
+    BatchFailedError,
+    SandboxRefusedError,
+    SandboxUnavailableError,
+    SandboxUnsupportedError,
+    WorkerStartupError,
+)
+
+#: What each refusal names: its operation, and a piece of its target.
+NAMED = {
+    "ssh_key": ("open", ".ssh/id_rsa"), "hub_token": ("open", "huggingface/token"),
+    "env_token": ("environ", "HF_TOKEN"), "connect_local": ("connect", "127.0.0.1"),
+    "connect_metadata": ("connect", "169.254.169.254"), "udp": ("socket", "SOCK_DGRAM"),
+    "write_bashrc": ("open", ".bashrc"), "write_model": ("open", "planted.txt"),
+    "shell": ("exec", "sh"), "signal_parent": ("kill", "pid"),
+}
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return plant_home(tmp_path_factory.mktemp("home"))
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory, home: Path) -> Path:
+    return write_hostile(tmp_path_factory.mktemp("models"), home)
+
+
+@pytest.fixture(scope="module")
+def port() -> Iterator[int]:
+    with listener() as found:
+        yield found
+
+
+@pytest.fixture
+def environment(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    """The parent's credentials, as a user's shell would hold them."""
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("HF_TOKEN", "hf_parent_secret")
+
+
+def _control(model: Path, stage: str | None, attempt: str = "", port: int = 0) -> None:
+    control = model / "control"
+    if stage is None:
+        control.unlink(missing_ok=True)
+    else:
+        control.write_text(f"{stage} {attempt} {port}")
+
+
+def _refusal(error: BaseException) -> SandboxRefusedError:
+    seen: BaseException | None = error
+    while seen is not None and not isinstance(seen, SandboxRefusedError):
+        seen = seen.__cause__
+    assert isinstance(seen, SandboxRefusedError), f"not refused by the box: {error!r}"
+    return seen
+
+
+@pytest.mark.usefixtures("environment")
+@pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
+def test_every_attempt_in_forward_is_refused_and_named(hostile: Path, home: Path, port: int,
+                                                       method: str) -> None:
+    """Each attempt fails its request with the box's typed error naming operation and
+    target; the worker lives on, and a benign request after still answers."""
+    _control(hostile, None)
+    with codeferry.Executor(hostile, workers=1, start_method=method, trust_remote_code=True,
+                            sandbox=True, max_retries=0) as ex:
+        for attempt in ATTEMPTS:
+            _control(hostile, "forward", attempt, port)
+            with pytest.raises(BatchFailedError) as info:
+                ex.generate(["abc"], max_new_tokens=2)
+            refused = _refusal(info.value)
+            operation, target = NAMED[attempt]
+            assert refused.operation == operation, (attempt, str(refused))
+            assert target in refused.target, (attempt, str(refused))
+        _control(hostile, None)
+        assert len(ex.generate(["abc"], max_new_tokens=2)) == 1
+    assert (home / ".bashrc").read_text() == "# the user's\n"
+    assert not (hostile / "planted.txt").exists()
+
+
+@pytest.mark.usefixtures("environment")
+def test_without_the_box_every_attempt_succeeds(hostile: Path, home: Path, port: int) -> None:
+    """The same model, unboxed, reads the key, reaches the ports, writes the home: the
+    refusals above are the box's doing."""
+    _control(hostile, None)
+    try:
+        with codeferry.Executor(hostile, workers=1, trust_remote_code=True, sandbox=False,
+                                max_retries=0) as ex:
+            for attempt in ATTEMPTS:
+                _control(hostile, "forward", attempt, port)
+                assert len(ex.generate(["abc"], max_new_tokens=2)) == 1, attempt
+        assert "echo owned" in (home / ".bashrc").read_text()
+        assert (hostile / "planted.txt").read_text() == "owned"
+    finally:
+        _control(hostile, None)
+        (home / ".bashrc").write_text("# the user's\n")
+        (hostile / "planted.txt").unlink(missing_ok=True)
+
+
+@pytest.mark.usefixtures("environment")
+@pytest.mark.parametrize(("stage", "attempt", "method"), [
+    ("import", "ssh_key", "spawn"), ("init", "connect_local", "spawn"),
+    ("import", "udp", "forkserver"), ("init", "shell", "forkserver"),
+    ("import", "write_bashrc", "fork"), ("init", "signal_parent", "fork"),
+    ("import", "env_token", "fork"), ("init", "hub_token", "fork"),
+])
+def test_attempts_at_import_and_init_stop_the_worker_named(hostile: Path, port: int,
+                                                           stage: str, attempt: str,
+                                                           method: str) -> None:
+    """At import or in ``__init__`` the refusal stops the worker's start: the caller gets
+    ``WorkerStartupError`` whose cause is the box's error naming the attempt."""
+    _control(hostile, stage, attempt, port)
+    try:
+        with pytest.raises(WorkerStartupError) as info:
+            with codeferry.Executor(hostile, workers=1, start_method=method, sandbox=True,
+                                    trust_remote_code=True, max_retries=0) as ex:
+                ex.generate(["abc"], max_new_tokens=2)
+    finally:
+        _control(hostile, None)
+    refused = _refusal(info.value)
+    operation, target = NAMED[attempt]
+    assert (refused.operation, target in refused.target) == (operation, True), str(refused)
+
+
+def test_a_kernel_without_landlock_is_refused_before_any_worker(
+        hostile: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``CODEFERRY_SANDBOX_LANDLOCK=0`` acts as a kernel without Landlock: the box is asked
+    for, so the executor refuses, typed, with the kernel's facts and the fix; no model code
+    ran (the control file would have the import stage write the home)."""
+    monkeypatch.setenv("CODEFERRY_SANDBOX_LANDLOCK", "0")
+    monkeypatch.setenv("CODEFERRY_SANDBOX", "1")
+    with pytest.raises(SandboxUnavailableError) as info:
+        codeferry.Executor(hostile, workers=1, trust_remote_code=True)
+    assert info.value.abi == 0 and info.value.kernel == os.uname().release
+    assert "Landlock" in str(info.value) and info.value.fix
+
+
+@pytest.mark.parametrize(("keywords", "where"), [
+    ({"engine": "vllm"}, "the vLLM engine"), ({"backend": "ray"}, "the Ray backend")])
+def test_engines_the_box_cannot_hold_are_refused(hostile: Path, keywords: dict[str, str],
+                                                 where: str) -> None:
+    """Never silently unboxed: the vLLM engine and the Ray backend are refused, typed."""
+    with pytest.raises(SandboxUnsupportedError) as info:
+        codeferry.Executor(hostile, workers=1, trust_remote_code=True, sandbox=True,
+                           **keywords)  # type: ignore[arg-type]
+    assert info.value.where == where
