@@ -21,7 +21,7 @@ from codeferry.testing import ModelSpec, write_model
 ATTEMPTS = ("ssh_key", "hub_token", "env_token", "connect_local", "connect_metadata", "udp",
             "write_bashrc", "write_model", "shell", "signal_parent")
 
-HOSTILE = '''
+ATTEMPT = '''
 
 import errno as _errno
 import os as _os
@@ -72,7 +72,9 @@ def _attempt(name, port):
         _os.kill(_os.getppid(), 0)
         return "signalled"
     raise ValueError(name)
+'''
 
+STAGES = '''
 
 def _stage(stage):
     try:
@@ -108,7 +110,7 @@ def write_hostile(root: Path, home: Path) -> Path:
     """The hostile model under ``root``; ``home`` is the planted home it reads and writes."""
     path = write_model(root / "hostile", ModelSpec(name="hostile", tokenizer=True))
     modeling = path / "modeling_hostile.py"
-    modeling.write_text(modeling.read_text() + HOSTILE.format(
+    modeling.write_text(modeling.read_text() + (ATTEMPT + STAGES).format(
         cls="HostileForCausalLM", home=str(home), control=str(path / "control"),
         model=str(path)))
     return path
@@ -136,3 +138,28 @@ def listener() -> Iterator[int]:
     finally:
         stop.set()
         server.close()
+
+
+#: A script that tries every attempt itself and prints one JSON object: attempt -> "ok", or
+#: the error's type and errno (``codeferry exec``'s command is user code, boxed too).
+SCRIPT = ATTEMPT + '''
+
+import json as _json
+import sys as _sys
+
+_found = {{}}
+for _name in _sys.argv[2:]:
+    try:
+        _attempt(_name, int(_sys.argv[1]))
+        _found[_name] = "ok"
+    except Exception as _exc:
+        _found[_name] = [type(_exc).__name__, getattr(_exc, "errno", None)]
+print(_json.dumps(_found))
+'''
+
+
+def write_script(folder: Path, home: Path, model: Path) -> Path:
+    """``SCRIPT`` in ``folder``, with the planted ``home`` and ``model`` written in."""
+    path = folder / "hostile_script.py"
+    path.write_text(SCRIPT.format(home=str(home), control="", model=str(model)))
+    return path

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .. import _settings
 from .command import Commands, UsageError, add_command
 from .flags import add_trust_flags
 
@@ -19,6 +20,8 @@ def exec_command(args: argparse.Namespace) -> int:
     through the variables PYTHONPATH (codeferry's boot folder first), CODEFERRY_INSTALL=1
     and, with --lock, CODEFERRY_LOCK. The exit code is COMMAND's. Not reached: processes that
     clear the environment or PYTHONPATH, other interpreters, `python -S`/`-I`/`-E`.
+    --sandbox (or CODEFERRY_SANDBOX=1) boxes this process before COMMAND replaces it: the
+    kernel holds COMMAND and all it starts, whatever their flags.
     """
     from .launch import exec_variables, launch, render_variables
 
@@ -28,7 +31,8 @@ def exec_command(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise UsageError("exec: give the command after `--` (codeferry exec --lock FILE -- CMD ...)")
-    launch(command, lock=args.lock)  # replaces this process: COMMAND's exit code is ours
+    sandbox = args.sandbox or _settings.sandbox_switch()
+    launch(command, lock=args.lock, sandbox=sandbox)  # replaces this process: COMMAND's exit code
 
 
 def register(sub: Commands) -> None:
@@ -39,4 +43,7 @@ def register(sub: Commands) -> None:
     command.add_argument("--print-env", action="store_true",
                          help="print the variables (`export` lines) instead of running COMMAND")
     command.add_argument("--json", action="store_true", help="--print-env as one JSON object")
+    command.add_argument("--sandbox", action="store_true",
+                         help="run COMMAND and all it starts in the box (docs/security.md): "
+                         "no home, no network, no credentials, no other programs")
     command.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")

@@ -41,9 +41,14 @@ def render_variables(found: dict[str, str], *, as_json: bool = False) -> str:
     return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in found.items())
 
 
-def launch(command: Sequence[str], *, lock: str | None = None) -> NoReturn:
-    """Replace this process with ``command``, switched on (``exec_variables``)."""
+def launch(command: Sequence[str], *, lock: str | None = None, sandbox: bool = False) -> NoReturn:
+    """Replace this process with ``command``, switched on (``exec_variables``); with
+    ``sandbox``, in the box first (``_sandbox.box.enter_for_command``), so all it starts is."""
     env = _settings.environment_with(exec_variables(lock))
+    if sandbox:
+        from .._sandbox.box import enter_for_command
+
+        env = enter_for_command(list(command), env)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     try:

@@ -30,9 +30,9 @@ from typing import Any
 from .. import _settings
 from ..errors import SandboxRefusedError, SandboxUnavailableError
 from . import landlock, seccomp
-from .policy import Policy, Request, build_policy, is_credential
+from .policy import Policy, Request, build_policy, is_credential, scrubbed
 
-__all__ = ["NEEDED_ABI", "active", "check_available", "enter", "enter_policy", "policy_for",
+__all__ = ["NEEDED_ABI", "active", "check_available", "enter", "enter_for_command", "enter_policy", "policy_for",
            "refusal", "request_from_settings"]
 
 #: Landlock ABI 6: filesystem rights, TCP bind/connect (4), signal and abstract-socket scopes.
@@ -236,3 +236,34 @@ def refusal(exc: BaseException) -> BaseException:
         "trust this code.")
     error.__cause__ = exc
     return error
+
+
+def enter_for_command(command: list[str], environment: dict[str, str]) -> dict[str, str]:
+    """Box this process for ``codeferry exec --sandbox``: ``command`` replaces it next, so
+    its every process (the user's own code included) is boxed. Readable besides the
+    environment: the current folder (unless it would open the home) and the hub cache;
+    the command's program may be started (and the interpreter, for the processes it
+    starts), nothing else. ``environment`` comes back without credentials, ``TMPDIR`` set."""
+    check_available()
+    found = shutil.which(command[0], path=environment.get("PATH")) or command[0]
+    if not os.path.exists(found):
+        return environment  # the caller's execvpe reports the missing command
+    request = request_from_settings(execute=[found])
+    policy = policy_for(request, [os.getcwd(), str(_settings.hub_cache())])
+    shebang = _shebang(found)
+    if shebang is not None:  # a script: the kernel starts its interpreter
+        policy = policy.__class__(**{**policy.__dict__, "execute": (*policy.execute, shebang)})
+    enter_policy(policy)
+    return {**scrubbed(environment, policy.keep), "TMPDIR": policy.scratch}
+
+
+def _shebang(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(256)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    words = first[2:].decode(errors="replace").split()
+    return os.path.realpath(words[0]) if words else None
