@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 from .._exec.batching import context_error
 from .._exec.executor import Executor, Outcome
@@ -29,6 +29,7 @@ from .lines import usage
 from .output import Sink
 from .progress import Progress
 from .result import RunResult
+from .spill import Kept, Spill
 
 __all__ = ["drain", "outcomes", "over_context"]
 
@@ -49,12 +50,14 @@ def over_context(items: list[InputItem], path: object, defaults: SamplingParams,
 
 def outcomes(executor: Executor, task: Task, items: list[InputItem], size: int | None,
               defaults: SamplingParams, pooling: str | None, template: str | None,
-              refused: dict[Id, CodeferryError] | None = None) -> Iterator[Outcome]:
+              refused: dict[Id, CodeferryError] | None = None,
+              kept: Collection[Id] = ()) -> Iterator[Outcome]:
     """``size``: the user's fixed batch size; ``None`` lets the executor plan by tokens.
     ``refused``: lines answered by their error here, never sent (``over_context``, the
-    fields refused, ``fields``)."""
+    fields refused, ``fields``); ``kept``: lines an earlier run finished (``spill``), not
+    sent and not answered here."""
     refused = refused or {}
-    sent = [n for n, i in enumerate(items) if i.id not in refused]
+    sent = [n for n, i in enumerate(items) if i.id not in refused and i.id not in kept]
     texts = [items[n].text for n in sent]
     found: Iterator[Outcome]
     if task == "generate":
@@ -84,17 +87,46 @@ def _with(errors: list[Outcome], found: Iterator[Outcome], sent: list[int]) -> I
 
 
 def drain(outcomes: Iterator[Outcome], remaining: list[InputItem], task: Task, sink: Sink,
-           bar: Progress, result: RunResult, size: int, model: str) -> None:
+          bar: Progress, result: RunResult, size: int, model: str,
+          spill: Spill | None = None, kept: dict[Id, Kept] | None = None) -> None:
     """Write outcomes (any order) in input order, each as soon as those before it are out.
 
-    A fault of the machine at input k stops the run: what comes before k is still written
-    as it arrives, nothing from k on; then ``RunStoppedError``.
+    A line that must wait for an earlier one is kept in ``spill`` meanwhile (``spill``), so
+    an interrupt loses no finished result; ``kept``: the lines an earlier run kept, written
+    in their places, not computed again (``outcomes`` is not given them). A fault of the
+    machine at input k stops the run: what comes before k is still written as it arrives,
+    nothing from k on; then ``RunStoppedError``.
     """
     waiting: dict[int, tuple[bytes, bool]] = {}
+    for n, item in enumerate(remaining):
+        if kept and item.id in kept:
+            found = kept[item.id]
+            waiting[n] = (found.line, found.failed)
+            result.prompt_tokens += found.prompt_tokens
+            result.completion_tokens += found.completion_tokens
+    bar.advance(len(waiting))
     following = 0
     stop: tuple[int, BaseException] | None = None
+
+    def flush() -> None:
+        nonlocal following
+        end = len(remaining) if stop is None else stop[0]
+        if following < end and following in waiting:
+            # stdout may be the bar's terminal: the lines go above the bar, drawn again
+            with bar.printing() if sink.fd is None else contextlib.nullcontext():
+                while following < end and following in waiting:
+                    line, failed = waiting.pop(following)
+                    sink.write(line, remaining[following].id)
+                    result.written += 1
+                    result.failed += failed
+                    following += 1
+            sink.sync(size)
+            if spill is not None:
+                spill.sync()
+
     try:
-        while True:
+        flush()
+        while stop is None or following < stop[0]:
             try:
                 outcome = next(outcomes)
             except StopIteration:
@@ -108,25 +140,18 @@ def drain(outcomes: Iterator[Outcome], remaining: list[InputItem], task: Task, s
             if fault is not None and (stop is None or outcome.index < stop[0]):
                 stop = (outcome.index, fault)
             elif fault is None and (stop is None or outcome.index < stop[0]):
-                waiting[outcome.index] = output_line(remaining[outcome.index], task, outcome.value,
-                                                     outcome.error, model)
+                line, failed = output_line(remaining[outcome.index], task, outcome.value,
+                                           outcome.error, model)
+                waiting[outcome.index] = (line, failed)
                 prompt, completion = usage(task, outcome.value)
                 result.prompt_tokens += prompt
                 result.completion_tokens += completion
-            end = len(remaining) if stop is None else stop[0]
-            if following < end and following in waiting:
-                # stdout may be the bar's terminal: the lines go above the bar, drawn again
-                with bar.printing() if sink.fd is None else contextlib.nullcontext():
-                    while following < end and following in waiting:
-                        line, failed = waiting.pop(following)
-                        sink.write(line, remaining[following].id)
-                        result.written += 1
-                        result.failed += failed
-                        following += 1
-                sink.sync(size)
-            if stop is not None and following == stop[0]:
-                break
+                if spill is not None and outcome.index != following:
+                    spill.keep(remaining[outcome.index].id,
+                               Kept(line, failed, prompt, completion))
+            flush()
     finally:
+        result.kept = len(waiting) if spill is not None else 0
         close = getattr(outcomes, "close", None)
         if close is not None:
             close()  # what has not been sent is cancelled

@@ -25,6 +25,9 @@ class RunResult:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     seconds: float = 0.0
+    #: Results finished but not yet written (behind an unfinished input) when the run
+    #: stopped, kept beside the output for the next run (``spill``).
+    kept: int = 0
 
     @property
     def complete(self) -> bool:
@@ -34,14 +37,16 @@ class RunResult:
         """What the run did, as the record keeps it."""
         rate = self.completion_tokens / self.seconds if self.seconds > 0 else 0.0
         return {"total": self.total, "skipped": self.skipped, "written": self.written,
-                "failed": self.failed, "seconds": round(self.seconds, 3),
+                "failed": self.failed, **({"kept": self.kept} if self.kept else {}),
+                "seconds": round(self.seconds, 3),
                 "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,
                 "tokens_per_second": round(rate, 1)}
 
     def line(self) -> str:
         """The closing line on stderr: ``N written, K failed, in T; X tokens/s``."""
-        text = f"{self.written} written, {self.failed} failed, in {clock(self.seconds)}"
+        more = f" ({self.kept} more finished, kept for the resume)" if self.kept else ""
+        text = f"{self.written} written{more}, {self.failed} failed, in {clock(self.seconds)}"
         if self.completion_tokens:
             return f"{text}; {self.summary()['tokens_per_second']} tokens/s"
         rate = self.written / self.seconds if self.seconds > 0 else 0.0

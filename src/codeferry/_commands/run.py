@@ -45,6 +45,7 @@ from .drain import drain, outcomes
 from .flags import (
     add_common_flags,
     add_sampling_flags,
+    add_sandbox_flag,
     add_trust_flags,
     add_worker_flags,
 )
@@ -55,6 +56,7 @@ from .preflight import check_chat_template, checked_flags, paths, read_template,
 from .progress import Progress
 from .record import check_record, producer, record_path, write_record, write_summary
 from .result import RunResult
+from .spill import Kept, Spill
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -154,6 +156,10 @@ class _Opened:
     pending: tuple[str, ...] = ()
     #: Whether the workers answered: a run stopped from then on is summarized too.
     started: bool = False
+    #: Where finished results wait to be written (``None``: stdout or a stream), and those
+    #: an earlier run kept there, by id.
+    spill: Spill | None = None
+    kept: dict[Id, Kept] = field(default_factory=dict)
 
     @property
     def checked(self) -> bool:
@@ -201,12 +207,17 @@ def run_with(model: str | os.PathLike[str], input_path: str | os.PathLike[str],
         if not isinstance(exc, KeyboardInterrupt):
             raise
         if opened.checked:
+            kept = f" (and kept {opened.result.kept} more finished ones)" \
+                if opened.result.kept else ""
             err.write(f"codeferry: interrupted after writing "
                       f"{opened.result.skipped + opened.result.written} of {opened.result.total} "
-                      f"outputs to {opened.path}; run the same command again to resume.\n")
+                      f"outputs to {opened.path}{kept}; run the same command again to "
+                      "resume.\n")
         raise
     finally:
         opened.sink.close()
+        if opened.spill is not None:
+            opened.spill.close(complete=opened.result.complete)
     bar.finish()
     opened.result.seconds = time.monotonic() - bar.started
     _summarize(opened, err)
@@ -253,12 +264,13 @@ def _open(output: str | os.PathLike[str] | None, plan: Plan, inputs: _Inputs,
     path = None if output is None or str(output) == "-" else Path(output)
     sink = Sink(path, sys.stdout if options.stdout is None else options.stdout)
     state = sink.open(inputs.items, inputs.task)  # locked and read; nothing in it changed yet
-    record = None
+    record, spill = None, None
     if path is not None and not sink.stream:
         try:
             made = _producer(plan, inputs, None if pending else engine)
             record = check_record(path, made, inputs.items, state.ids, options.force_resume,
                                   pending=pending)
+            spill = Spill(path, made, inputs.items)
             sink.repair(state)
         except BaseException:
             sink.close(discard=True)
@@ -269,7 +281,9 @@ def _open(output: str | os.PathLike[str] | None, plan: Plan, inputs: _Inputs,
                        failed=state.failed - len(retried),
                        output=None if path is None else str(path))
     remaining = [item for item in inputs.items if item.id not in done]
-    return _Opened(path, sink, state, record, engine, retried, result, remaining, pending)
+    kept = spill.read({item.id for item in remaining}) if spill is not None else {}
+    return _Opened(path, sink, state, record, engine, retried, result, remaining, pending,
+                   spill=spill, kept=kept)
 
 
 def _workers(plan: Plan, workers: WorkerOptions, engine: str) -> int:
@@ -342,9 +356,9 @@ def _drain(executor: Executor, plan: Plan, inputs: _Inputs, opened: _Opened,
     opened.started = True
     found = outcomes(executor, inputs.task, opened.remaining, workers.batch_size,
                      inputs.defaults, inputs.options.pooling, inputs.template,
-                     inputs.refused)
+                     inputs.refused, opened.kept)
     drain(found, opened.remaining, inputs.task, sink, bar, opened.result, size,
-          plan.weights.name)
+          plan.weights.name, opened.spill, opened.kept)
 
 
 def _summarize(opened: _Opened, err: TextIO) -> None:
@@ -438,4 +452,5 @@ def register(sub: Commands) -> None:
                          "otherwise, the reason printed), transformers, or vllm (a model vLLM "
                          "cannot run fails at start-up); see docs/executor.md")
     add_sampling_flags(command)
+    add_sandbox_flag(command)
     add_common_flags(command)
