@@ -120,17 +120,20 @@ def test_without_the_box_every_attempt_succeeds(hostile: Path, home: Path, port:
     ("import", "udp", "forkserver"), ("init", "shell", "forkserver"),
     ("import", "write_bashrc", "fork"), ("init", "signal_parent", "fork"),
     ("import", "env_token", "fork"), ("init", "hub_token", "fork"),
+    ("init", "write_model", "warm"), ("import", "connect_metadata", "warm"),
 ])
 def test_attempts_at_import_and_init_stop_the_worker_named(hostile: Path, port: int,
                                                            stage: str, attempt: str,
                                                            method: str) -> None:
-    """At import or in ``__init__`` the refusal stops the worker's start: the caller gets
+    """At import or in ``__init__`` (spawn, forkserver, fork and warm workers: forked from the
+    zygote) the refusal stops the worker's start: the caller gets
     ``WorkerStartupError`` whose cause is the box's error naming the attempt."""
     _control(hostile, stage, attempt, port)
     try:
         with pytest.raises(WorkerStartupError) as info:
-            with codeferry.Executor(hostile, workers=1, start_method=method, sandbox=True,
-                                    trust_remote_code=True, max_retries=0) as ex:
+            how = {"warm": True} if method == "warm" else {"start_method": method}
+            with codeferry.Executor(hostile, workers=1, sandbox=True, trust_remote_code=True,
+                                    max_retries=0, **how) as ex:  # type: ignore[arg-type]
                 ex.generate(["abc"], max_new_tokens=2)
     finally:
         _control(hostile, None)

@@ -45,6 +45,14 @@ def add_worker_flags(command: argparse.ArgumentParser, *, workers: int | None = 
                          "local cluster)")
 
 
+def add_sandbox_flag(command: argparse.ArgumentParser) -> None:
+    """``--sandbox``: the command's workers run in the box (unset: ``CODEFERRY_SANDBOX``)."""
+    command.add_argument("--sandbox", action="store_const", const=True, default=None,
+                         help="run every worker in the box: no home, no network, no "
+                         "credentials, no other programs (docs/security.md; default: "
+                         "$CODEFERRY_SANDBOX)")
+
+
 def add_common_flags(command: argparse.ArgumentParser) -> None:
     """Options every subcommand with a MODEL takes, after its own (last in its ``--help``).
     ``--debug`` is also accepted before the command."""

@@ -50,12 +50,15 @@ class RunKeywords(ModelKeywords, total=False):
     workers: int | None
     start_method: StartMethod
     batch_size: int | None
+    max_batch_tokens: int | None
     device: str
     dtype: str | Any | None
     batch_timeout: float | None
     backend: Backend
     address: str | None
     engine: EngineName
+    engine_options: Mapping[str, Any] | None
+    sandbox: bool | None
     max_new_tokens: int | None
     max_model_len: int | None
     pooling: str | None
