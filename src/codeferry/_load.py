@@ -15,6 +15,7 @@ from ._code.automap import ClassRef
 from ._code.lockfile import Lock
 from ._code.requirements import pip_name
 from ._code.resolve import Bundle
+from ._hf import compat as _compat  # noqa: F401 - serves removed names to remote modules
 from ._hf.classes import register_with_transformers, serve_verified_files
 from ._runtime import loader as _loader
 from ._runtime import pickling as _pickling

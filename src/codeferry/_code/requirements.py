@@ -27,6 +27,7 @@ from typing import Any
 
 from ..errors import CodeferryError, MissingPackageError, MissingTransformersNameError
 from .graph import ModuleScan, scan
+from .removed import IMPORTS as _REMOVED
 
 __all__ = [
     "Use",
@@ -233,12 +234,18 @@ def check_transformers_names(scans: Iterable[tuple[str, ModuleScan]]) -> list[Co
                 continue
             if names and _has_spec(f"{imp.module}.{name}"):
                 continue  # a submodule
+            removed = _REMOVED.get((imp.module, name))
+            if removed is not None and removed.shim:
+                continue  # served to the module by a shim (_hf.compat)
             where = "does not exist" if not names else f"has no {name!r}"
+            fix = ("install the transformers version the model was written for "
+                   "(see its README or config.json 'transformers_version').")
+            if removed is not None and removed.last_with != "-":
+                fix = (f"install transformers <= {removed.last_with} (the last release checked "
+                       f"that has it; {removed.first_without} has not).")
             problems.append(MissingTransformersNameError(
                 f"imports {name!r} from {imp.module}, which {where} in the installed "
                 f"transformers {version}.",
-                path=path, line=imp.line, col=imp.col,
-                fix="install the transformers version the model was written for "
-                "(see its README or config.json 'transformers_version').",
+                path=path, line=imp.line, col=imp.col, fix=fix,
             ))
     return problems

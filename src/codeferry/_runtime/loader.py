@@ -71,7 +71,7 @@ from .store import Unit, read_unit, unit_path, write_unit
 
 __all__ = [
     "Registration", "PREFIX", "units_of", "register", "registration_for", "import_module",
-    "on_module_executed", "verified_dir", "serve_checked", "exec_checked",
+    "on_module_executed", "on_module_setup", "verified_dir", "serve_checked", "exec_checked",
 ]
 
 PREFIX = "codeferry._dyn"
@@ -86,6 +86,9 @@ _checked_packages: dict[str, str] = {}
 _checked_folders: set[str] = set()
 #: Called after each module executes (``pickling`` marks its classes there).
 on_module_executed: list[Callable[[types.ModuleType, Registration], None]] = []
+#: Called with each module's namespace before its code runs, with the module's verified
+#: source (``_hf.compat`` gives it the names of transformers 4 its code imports there).
+on_module_setup: list[Callable[[types.ModuleType, bytes], None]] = []
 
 
 @dataclass
@@ -239,6 +242,8 @@ class _Loader(importlib.abc.Loader):
         filename = str(self.registration.verified_dir() / self.rel)
         _remember_lines(filename, data)
         code = compile(data, filename, "exec", dont_inherit=True)
+        for setup in on_module_setup:
+            setup(module, data)
         exec(code, module.__dict__)  # noqa: S102 - running the verified bytes is the point
         for hook in on_module_executed:
             hook(module, self.registration)

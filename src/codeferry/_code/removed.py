@@ -1,0 +1,190 @@
+"""transformers names that remote code uses and later releases removed, read from ``ast``.
+
+Why: remote code is written for the transformers release of its day; run on a later one it
+fails inside its own files, on a name that release took out. This table says, for each such
+name, the last release checked that has it, the first checked that lacks it, and whether
+codeferry serves the remote module a shim (``_hf.compat``); ``scan`` finds the names a
+module's source uses, with their lines, so that ``inspect`` and ``doctor`` can say what a
+model gets (a shim, or "needs transformers <= X") before anything runs.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from importlib import metadata
+
+__all__ = ["Removed", "Use", "IMPORTS", "ATTRIBUTES", "CONFIG_DEFAULTS", "scan", "installed",
+           "applies", "remedy"]
+
+
+@dataclass(frozen=True)
+class Removed:
+    """A name of transformers: the last checked release with it, the first checked without."""
+
+    name: str
+    last_with: str
+    first_without: str
+    shim: bool
+
+
+def _r(name: str, last: str, first: str, shim: bool = True) -> Removed:
+    return Removed(name, last, first, shim)
+
+
+#: ``from module import name`` the installed release may lack: (module, name) -> entry.
+IMPORTS: dict[tuple[str, str], Removed] = {
+    (m, n): _r(f"{m}.{n}", last, first, shim) for m, n, last, first, shim in (
+        ("transformers.modeling_attn_mask_utils", "_expand_mask", "-", "4.35", True),
+        ("transformers.modeling_attn_mask_utils", "_make_causal_mask", "-", "4.35", True),
+        ("transformers.models.llama.modeling_llama", "_expand_mask", "4.36", "4.47", True),
+        ("transformers.models.llama.modeling_llama", "_make_causal_mask", "4.36", "4.47", True),
+        ("transformers.utils", "is_torch_fx_available", "4.57", "5.0", True),
+        ("transformers.utils.import_utils", "is_torch_fx_available", "4.57", "5.0", True),
+        ("transformers.utils", "is_torch_sdpa_available", "4.57", "5.0", True),
+        ("transformers.utils.import_utils", "is_torch_sdpa_available", "4.57", "5.0", True),
+        ("transformers.pytorch_utils", "find_pruneable_heads_and_indices", "4.57", "5.0", True),
+        ("transformers.modeling_utils", "Conv1D", "4.52", "4.56", True),
+        ("transformers.modeling_utils", "SequenceSummary", "4.52", "4.56", False),
+        ("transformers.generation.utils", "SampleOutput", "4.57", "5.0", True),
+        ("transformers.generation.utils", "GreedySearchOutput", "4.57", "5.0", True),
+        ("transformers.generation.utils", "BeamSearchOutput", "4.57", "5.0", True),
+        ("transformers.generation", "DisjunctiveConstraint", "4.57", "5.0", False),
+        ("transformers.generation.beam_constraints", "DisjunctiveConstraint", "4.57", "5.0",
+         False),
+        ("transformers.cache_utils", "HybridCache", "4.57", "5.0", False),
+        ("transformers.deepspeed", "is_deepspeed_zero3_enabled", "4.36", "4.47", True),
+        # present, but without from_legacy_cache / to_legacy_cache: a subclass adds them
+        ("transformers.cache_utils", "DynamicCache", "4.57", "5.0", True),
+    )
+}
+
+#: Attributes (``x.name``) remote code reads that later releases removed: name -> entry.
+ATTRIBUTES: dict[str, Removed] = {
+    n: _r(label, last, first) for n, label, last, first in (
+        ("get_head_mask", "PreTrainedModel.get_head_mask", "4.57", "5.0"),
+        ("get_extended_attention_mask", "PreTrainedModel.get_extended_attention_mask", "5.0",
+         "5.23"),
+        ("invert_attention_mask", "PreTrainedModel.invert_attention_mask", "5.0", "5.23"),
+        ("from_legacy_cache", "DynamicCache.from_legacy_cache", "4.57", "5.0"),
+        ("to_legacy_cache", "DynamicCache.to_legacy_cache", "4.57", "5.0"),
+        ("get_usable_length", "DynamicCache.get_usable_length", "4.52", "4.56"),
+        ("seen_tokens", "DynamicCache.seen_tokens", "4.52", "4.56"),
+    )
+}
+
+#: Attributes every ``PretrainedConfig`` had on transformers 4, with their defaults: a remote
+#: config class that the installed release leaves without one gets it as a class attribute.
+CONFIG_DEFAULTS: dict[str, object] = {
+    "max_length": 20, "min_length": 0, "do_sample": False, "early_stopping": False,
+    "num_beams": 1, "num_beam_groups": 1, "diversity_penalty": 0.0, "temperature": 1.0,
+    "top_k": 50, "top_p": 1.0, "typical_p": 1.0, "repetition_penalty": 1.0,
+    "length_penalty": 1.0, "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0,
+    "bad_words_ids": None, "num_return_sequences": 1, "output_scores": False,
+    "return_dict_in_generate": False, "forced_bos_token_id": None,
+    "forced_eos_token_id": None, "remove_invalid_values": False,
+    "exponential_decay_length_penalty": None, "suppress_tokens": None,
+    "begin_suppress_tokens": None, "pad_token_id": None, "bos_token_id": None,
+    "eos_token_id": None, "sep_token_id": None, "decoder_start_token_id": None,
+    "torchscript": False, "tie_word_embeddings": True, "is_decoder": False,
+    "add_cross_attention": False, "tie_encoder_decoder": False,
+    "task_specific_params": None, "cross_attention_hidden_size": None,
+}
+for _name in CONFIG_DEFAULTS:
+    ATTRIBUTES.setdefault(_name, _r(f"PretrainedConfig.{_name}", "4.57", "5.0"))
+
+#: The model class that never calls ``post_init`` (transformers 5 sets this attribute there).
+TIED_KEYS = _r("PreTrainedModel.all_tied_weights_keys (no post_init)", "4.57", "5.0")
+
+
+@dataclass(frozen=True)
+class Use:
+    """One use of a removed name in a module: its line and the table's entry."""
+
+    line: int
+    removed: Removed
+
+
+def _config_read(node: ast.Attribute) -> bool:
+    """``config.x`` or ``self.config.x`` (or ``*_config.x``): where configs are read."""
+    value = node.value
+    if isinstance(value, ast.Name):
+        return value.id == "config" or value.id.endswith("_config")
+    return isinstance(value, ast.Attribute) and value.attr == "config"
+
+
+def _calls_post_init(function: ast.FunctionDef) -> bool:
+    return any(isinstance(n, ast.Attribute) and n.attr == "post_init"
+               for n in ast.walk(function))
+
+
+def _model_classes(tree: ast.Module) -> list[ast.ClassDef]:
+    """Classes that derive, by name, from a ``PreTrainedModel`` (directly or in this module)."""
+    found: dict[str, ast.ClassDef] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        bases = {b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute)
+                 else "" for b in node.bases}
+        if "PreTrainedModel" in bases or bases & set(found):
+            found[node.name] = node
+    return list(found.values())
+
+
+def scan(source: str | bytes) -> list[Use]:
+    """Every use of a removed name in ``source``, in line order (none for unparsable code)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    uses: list[Use] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            for alias in node.names:
+                entry = IMPORTS.get((node.module, alias.name))
+                if entry is not None:
+                    uses.append(Use(node.lineno, entry))
+        elif isinstance(node, ast.Attribute):
+            entry = ATTRIBUTES.get(node.attr)
+            if entry is None or (node.attr in CONFIG_DEFAULTS and not _config_read(node)):
+                continue
+            if isinstance(node.ctx, ast.Load):
+                uses.append(Use(node.lineno, entry))
+    for cls in _model_classes(tree):
+        for item in cls.body:
+            if (isinstance(item, ast.FunctionDef) and item.name == "__init__"
+                    and not _calls_post_init(item)):
+                uses.append(Use(item.lineno, TIED_KEYS))
+    uses.sort(key=lambda u: (u.line, u.removed.name))
+    return list(dict.fromkeys(uses))
+
+
+def _key(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split(".")[:3]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def installed() -> str | None:
+    """The installed transformers release, from its metadata (nothing imported)."""
+    try:
+        return metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def applies(removed: Removed, version: str | None) -> bool:
+    """Whether ``version`` of transformers lacks the name (at or after its first release
+    without it)."""
+    return version is not None and _key(version) >= _key(removed.first_without)
+
+
+def remedy(removed: Removed) -> str:
+    """What a model using ``removed`` gets from codeferry on a release that lacks it."""
+    if removed.shim:
+        return "shim"
+    if removed.last_with == "-":
+        return "fails on every release checked"
+    return f"needs transformers <= {removed.last_with}"

@@ -1,0 +1,474 @@
+"""Names of transformers 4 that transformers 5 removed, served to the remote modules that use them.
+
+Why: most remote code was written for a transformers 4 release and imports or calls names
+that transformers 5 removed (``get_head_mask``, ``DynamicCache.from_legacy_cache``,
+``is_torch_fx_available``, ``config.max_length``...). Where such a name has one obvious
+meaning, the remote module gets it, and nothing else does: transformers' own modules, and
+every other module of the process, keep seeing the installed release unchanged.
+
+How, without touching transformers:
+
+* **Imports.** Before a remote module's code runs (``_runtime.loader.on_module_setup``), its
+  namespace gets its own ``__builtins__`` whose ``__import__`` answers ``from transformers.x
+  import y`` with the real module when it has every name asked for, else with a view of it
+  that adds the missing names this module knows (``_code.removed.IMPORTS``). A module
+  missing from the installed transformers (``transformers.deepspeed``) is answered the same way.
+* **Classes.** After the module ran (``on_module_executed``), each ``PreTrainedModel``
+  subclass it defines gets the removed methods it lacks, on that class; each
+  ``PretrainedConfig`` subclass gets the removed defaults as class attributes (an instance
+  attribute, set by the config itself, still wins); a ``DynamicCache`` the model is handed
+  by ``generate`` gets the legacy methods through its class, swapped for a subclass that
+  only adds them, for that one object.
+
+A name the installed release has is never shimmed (on transformers 4.53 nothing here applies
+but the names 4.53 lacks as well). The static report of the same table is
+``_code.removed``: ``inspect`` and ``doctor`` say which names a model uses and what it gets.
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import importlib
+import inspect
+import threading
+import types
+from collections.abc import Callable
+from typing import Any
+
+from .._code.removed import CONFIG_DEFAULTS, IMPORTS
+from .._runtime import loader as _loader
+
+__all__ = ["shimmed_imports", "shim_classes", "setup_module"]
+
+_MARK = "__codeferry_compat__"
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+# -- the removed objects, written as transformers 4.53 has them -------------------------------
+
+def _make_causal_mask(input_ids_shape: Any, dtype: Any, device: Any,
+                      past_key_values_length: int = 0, sliding_window: int | None = None) -> Any:
+    """transformers 4's ``_make_causal_mask``: a ``(bsz, 1, tgt, tgt + past)`` additive mask."""
+    torch = _torch()
+    bsz, tgt_len = input_ids_shape
+    mask = torch.full((tgt_len, tgt_len), torch.finfo(dtype).min, device=device)
+    mask_cond = torch.arange(mask.size(-1), device=device)
+    mask.masked_fill_(mask_cond < (mask_cond + 1).view(mask.size(-1), 1), 0)
+    mask = mask.to(dtype)
+    if past_key_values_length > 0:
+        mask = torch.cat([torch.zeros(tgt_len, past_key_values_length, dtype=dtype,
+                                      device=device), mask], dim=-1)
+    if sliding_window is not None:
+        diagonal = past_key_values_length - sliding_window - 1
+        context_mask = torch.tril(torch.ones_like(mask, dtype=torch.bool), diagonal=diagonal)
+        mask.masked_fill_(context_mask, torch.finfo(dtype).min)
+    return mask[None, None, :, :].expand(bsz, 1, tgt_len, tgt_len + past_key_values_length)
+
+
+def _expand_mask(mask: Any, dtype: Any, tgt_len: int | None = None) -> Any:
+    """transformers 4's ``_expand_mask``: ``(bsz, src)`` to an additive ``(bsz, 1, tgt, src)``."""
+    torch = _torch()
+    bsz, src_len = mask.size()
+    tgt_len = tgt_len if tgt_len is not None else src_len
+    expanded = mask[:, None, None, :].expand(bsz, 1, tgt_len, src_len).to(dtype)
+    inverted = 1.0 - expanded
+    return inverted.masked_fill(inverted.to(torch.bool), torch.finfo(dtype).min)
+
+
+def _true() -> bool:
+    return True
+
+
+def _find_pruneable_heads_and_indices(heads: Any, n_heads: int, head_size: int,
+                                      already_pruned_heads: Any) -> tuple[set[int], Any]:
+    torch = _torch()
+    mask = torch.ones(n_heads, head_size)
+    heads = set(heads) - already_pruned_heads
+    for head in heads:
+        head = head - sum(1 if h < head else 0 for h in already_pruned_heads)
+        mask[head] = 0
+    mask = mask.view(-1).contiguous().eq(1)
+    index = torch.arange(len(mask))[mask].long()
+    return heads, index
+
+
+def _conv1d() -> Any:
+    from transformers.pytorch_utils import Conv1D
+
+    return Conv1D
+
+
+def _generate_output() -> Any:
+    from transformers.generation.utils import (
+        GenerateDecoderOnlyOutput,
+        GenerateEncoderDecoderOutput,
+    )
+
+    return GenerateEncoderDecoderOutput | GenerateDecoderOnlyOutput
+
+
+def _deepspeed_zero3() -> Any:
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+    return is_deepspeed_zero3_enabled
+
+
+@functools.cache
+def legacy_dynamic_cache() -> type:
+    """``DynamicCache`` with the legacy-format methods of transformers 4, and nothing else."""
+    from transformers.cache_utils import DynamicCache
+
+    class DynamicCache4(DynamicCache):
+        """A ``DynamicCache`` that also reads and writes transformers 4's tuples of tensors."""
+
+        @classmethod
+        def from_legacy_cache(cls, past_key_values: Any = None) -> Any:
+            cache = cls()
+            for layer_idx, (key, value) in enumerate(past_key_values or ()):
+                cache.update(key, value, layer_idx)
+            return cache
+
+        def to_legacy_cache(self) -> tuple[tuple[Any, Any], ...]:
+            return tuple((getattr(layer, "keys"), getattr(layer, "values"))  # noqa: B009
+                         for layer in self.layers if getattr(layer, "keys", None) is not None)
+
+        def get_usable_length(self, new_seq_length: int, layer_idx: int | None = 0) -> int:
+            return int(self.get_seq_length(layer_idx or 0))
+
+        @property
+        def seen_tokens(self) -> int:
+            return int(self.get_seq_length())
+
+        def get_max_cache_shape(self) -> None:
+            return None
+
+    DynamicCache4.__name__ = DynamicCache4.__qualname__ = "DynamicCache"
+    return DynamicCache4
+
+
+def _dynamic_cache() -> Any:
+    return legacy_dynamic_cache()
+
+
+#: (module, name) -> the object a remote module gets where the installed module lacks it.
+_OBJECTS: dict[tuple[str, str], Callable[[], Any]] = {
+    ("transformers.modeling_attn_mask_utils", "_expand_mask"): lambda: _expand_mask,
+    ("transformers.modeling_attn_mask_utils", "_make_causal_mask"): lambda: _make_causal_mask,
+    ("transformers.models.llama.modeling_llama", "_expand_mask"): lambda: _expand_mask,
+    ("transformers.models.llama.modeling_llama", "_make_causal_mask"): lambda: _make_causal_mask,
+    ("transformers.utils", "is_torch_fx_available"): lambda: _true,
+    ("transformers.utils.import_utils", "is_torch_fx_available"): lambda: _true,
+    ("transformers.utils", "is_torch_sdpa_available"): lambda: _true,
+    ("transformers.utils.import_utils", "is_torch_sdpa_available"): lambda: _true,
+    ("transformers.pytorch_utils", "find_pruneable_heads_and_indices"):
+        lambda: _find_pruneable_heads_and_indices,
+    ("transformers.modeling_utils", "Conv1D"): _conv1d,
+    ("transformers.generation.utils", "SampleOutput"): _generate_output,
+    ("transformers.generation.utils", "GreedySearchOutput"): _generate_output,
+    ("transformers.generation.utils", "BeamSearchOutput"): _generate_output,
+    ("transformers.deepspeed", "is_deepspeed_zero3_enabled"): _deepspeed_zero3,
+    ("transformers.cache_utils", "DynamicCache"): _dynamic_cache,
+}
+assert {key for key, entry in IMPORTS.items() if entry.shim} == set(_OBJECTS)
+
+
+def _lacks(module: Any, name: str) -> bool:
+    if name == "DynamicCache":  # present, but without the legacy methods the code calls
+        found = getattr(module, name, None)
+        return found is not None and not hasattr(found, "from_legacy_cache")
+    return not hasattr(module, name)
+
+
+class _View(types.ModuleType):
+    """A transformers module as one remote module sees it: the real one plus its shims."""
+
+    def __init__(self, real: types.ModuleType | None, name: str, shims: dict[str, Any]) -> None:
+        super().__init__(name)
+        object.__setattr__(self, "_real", real)
+        self.__dict__.update(shims)
+
+    def __getattr__(self, name: str) -> Any:
+        real = object.__getattribute__(self, "_real")
+        if real is None:
+            raise AttributeError(name)
+        return getattr(real, name)
+
+
+def shimmed_imports(module_name: str, names: tuple[str, ...]) -> dict[str, Any] | None:
+    """The shims ``from module_name import names`` needs on the installed release; ``None``
+    when the import works as it is (or no shim covers what it lacks)."""
+    wanted = [n for n in names if (module_name, n) in _OBJECTS]
+    if not wanted:
+        return None
+    try:
+        real: Any = importlib.import_module(module_name)
+    except ImportError:
+        real = None
+    shims = {n: _OBJECTS[(module_name, n)]() for n in wanted if real is None or _lacks(real, n)}
+    return shims or None
+
+
+def _importer(real_import: Callable[..., Any], used: set[str]) -> Callable[..., Any]:
+    def __import__(name: str, globals: Any = None, locals: Any = None,
+                   fromlist: Any = (), level: int = 0) -> Any:
+        if level or not fromlist or not name.startswith("transformers"):
+            return real_import(name, globals, locals, fromlist, level)
+        try:
+            found = real_import(name, globals, locals, fromlist, level)
+        except ImportError:
+            shims = shimmed_imports(name, tuple(fromlist))
+            if shims is None:
+                raise
+            used.update(f"{name}.{n}" for n in shims)
+            return _View(None, name, shims)
+        shims = shimmed_imports(name, tuple(fromlist))
+        if shims is None:
+            return found
+        used.update(f"{name}.{n}" for n in shims)
+        return _View(found, name, shims)
+
+    return __import__
+
+
+def setup_module(module: types.ModuleType, source: bytes) -> None:
+    """Give a remote module about to run an ``__import__`` that serves removed names.
+
+    Only modules whose source names transformers get it (the others keep the shared
+    builtins), and the shims themselves are made at the import that needs them."""
+    if b"transformers" not in source:
+        return
+    used: set[str] = set()
+    namespace = dict(vars(builtins))
+    namespace["__import__"] = _importer(builtins.__import__, used)
+    module.__dict__["__builtins__"] = namespace
+    module.__dict__[_MARK] = used
+
+
+# -- classes: methods and defaults on the remote classes themselves ----------------------------
+
+def _get_head_mask(self: Any, head_mask: Any, num_hidden_layers: int,
+                   is_attention_chunked: bool = False) -> Any:
+    if head_mask is None:
+        return [None] * num_hidden_layers
+    head_mask = _convert_head_mask_to_5d(self, head_mask, num_hidden_layers)
+    if is_attention_chunked:
+        head_mask = head_mask.unsqueeze(-1)
+    return head_mask
+
+
+def _convert_head_mask_to_5d(self: Any, head_mask: Any, num_hidden_layers: int) -> Any:
+    if head_mask.dim() == 1:
+        head_mask = head_mask.unsqueeze(0).unsqueeze(0).unsqueeze(-1).unsqueeze(-1)
+        head_mask = head_mask.expand(num_hidden_layers, -1, -1, -1, -1)
+    elif head_mask.dim() == 2:
+        head_mask = head_mask.unsqueeze(1).unsqueeze(-1).unsqueeze(-1)
+    return head_mask.to(dtype=self.dtype)
+
+
+def _invert_attention_mask(self: Any, encoder_attention_mask: Any) -> Any:
+    torch = _torch()
+    if encoder_attention_mask.dim() == 3:
+        extended = encoder_attention_mask[:, None, :, :]
+    else:
+        extended = encoder_attention_mask[:, None, None, :]
+    extended = extended.to(dtype=self.dtype)
+    return (1.0 - extended) * torch.finfo(self.dtype).min
+
+
+def _get_extended_attention_mask(self: Any, attention_mask: Any, input_shape: Any,
+                                 device: Any = None, dtype: Any = None) -> Any:
+    torch = _torch()
+    dtype = dtype if dtype is not None else self.dtype
+    if attention_mask.dim() == 3:
+        extended = attention_mask[:, None, :, :]
+    elif attention_mask.dim() == 2:
+        if getattr(self.config, "is_decoder", False):
+            batch_size, seq_length = input_shape
+            seq_ids = torch.arange(seq_length, device=attention_mask.device)
+            causal = seq_ids[None, None, :].repeat(batch_size, seq_length, 1) <= seq_ids[None, :, None]
+            causal = causal.to(attention_mask.dtype)
+            if causal.shape[1] < attention_mask.shape[1]:
+                prefix = attention_mask.shape[1] - causal.shape[1]
+                causal = torch.cat([torch.ones((batch_size, seq_length, prefix),
+                                               device=attention_mask.device,
+                                               dtype=causal.dtype), causal], dim=-1)
+            extended = causal[:, None, :, :] * attention_mask[:, None, None, :]
+        else:
+            extended = attention_mask[:, None, None, :]
+    else:
+        raise ValueError(f"Wrong shape for input_ids (shape {input_shape}) or attention_mask "
+                         f"(shape {attention_mask.shape})")
+    extended = extended.to(dtype=dtype)
+    return (1.0 - extended) * torch.finfo(dtype).min
+
+
+class _TiedKeys:
+    """``all_tied_weights_keys`` for a model whose ``__init__`` never calls ``post_init``
+    (which sets it on transformers 5): computed on first read, then kept on the instance."""
+
+    def __get__(self, instance: Any, owner: type) -> Any:
+        if instance is None:
+            return self
+        keys = instance.get_expanded_tied_weights_keys(all_submodels=True)
+        instance.__dict__["all_tied_weights_keys"] = keys
+        return keys
+
+
+_METHODS: dict[str, Any] = {
+    "get_head_mask": _get_head_mask,
+    "_convert_head_mask_to_5d": _convert_head_mask_to_5d,
+    "invert_attention_mask": _invert_attention_mask,
+    "get_extended_attention_mask": _get_extended_attention_mask,
+}
+
+
+_build_lock = threading.Lock()
+
+
+def _keeping_buffers(moved: Callable[..., Any]) -> Callable[..., Any]:
+    """transformers 5 builds a model on the meta device and then gives its non-persistent
+    buffers (a rotary embedding's ``inv_freq``, computed in ``__init__``) empty memory,
+    which only its own models' ``_init_weights`` fill; remote code's never does, and
+    generates from garbage. This fills them with what the model's ``__init__`` computes."""
+
+    @functools.wraps(moved)
+    def _move_missing_keys_from_meta_to_device(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = moved(self, *args, **kwargs)
+        names = [name for name, _ in self.named_non_persistent_buffers()]
+        if names:
+            fresh = dict(_buffers_of_fresh(type(self), self.config))
+            for name in names:
+                value = fresh.get(name)
+                owner, _, leaf = name.rpartition(".")
+                module = self.get_submodule(owner) if owner else self
+                current = module._buffers.get(leaf)
+                if value is None or current is None or value.device.type == "meta":
+                    continue
+                module._buffers[leaf] = value.to(device=current.device, dtype=current.dtype)
+        return result
+
+    _move_missing_keys_from_meta_to_device.__codeferry_compat__ = True  # type: ignore[attr-defined]
+    return _move_missing_keys_from_meta_to_device
+
+
+def _buffers_of_fresh(cls: type, config: Any) -> Any:
+    """The buffers of ``cls(config)`` built with its parameters on the meta device (no
+    parameter memory), its buffers where ``__init__`` computes them."""
+    torch = _torch()
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module: Any, name: str, param: Any) -> None:
+        register(module, name, param)
+        if param is not None and param.device.type != "meta":
+            module._parameters[name] = torch.nn.Parameter(param.to("meta"),
+                                                          requires_grad=param.requires_grad)
+
+    with _build_lock, torch.device("cpu"):
+        torch.nn.Module.register_parameter = on_meta
+        try:
+            fresh = cls(config)
+        finally:
+            torch.nn.Module.register_parameter = register
+    return fresh.named_buffers()
+
+
+#: Keywords transformers 5's ``generate`` passes ``prepare_inputs_for_generation`` that
+#: transformers 4's did not: code written for 4 that reads ``kwargs.get("position_ids")`` gets
+#: the whole sequence's positions (the slicing it does is for positions it made itself).
+_GENERATE_5_KWARGS = frozenset({"position_ids", "next_sequence_length", "is_first_iteration"})
+
+
+def _with_legacy_cache(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """``forward`` (or ``prepare_inputs_for_generation``) that hands the model's own code
+    the cache ``generate`` made with the legacy methods."""
+
+    named = set(inspect.signature(forward).parameters)
+    unknown = () if forward.__name__ == "forward" else tuple(_GENERATE_5_KWARGS - named)
+
+    @functools.wraps(forward)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        for name in unknown:  # what generate passes since transformers 5, where 4 did not
+            kwargs.pop(name, None)
+        cache = kwargs.get("past_key_values")
+        legacy = legacy_dynamic_cache()
+        if cache is not None and type(cache) is legacy.__mro__[1]:
+            cache.__class__ = legacy  # this object only: the subclass adds methods, no state
+        return forward(self, *args, **kwargs)
+
+    wrapper.__codeferry_compat__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def shim_classes(module: types.ModuleType, registration: Any = None) -> None:
+    """Add the removed methods and defaults to the remote classes ``module`` defines (the
+    names added, as ``Class.name``, join the module's record of what it was served)."""
+    used = module.__dict__.get(_MARK)
+    if used is None:
+        return
+    try:
+        from transformers import PretrainedConfig, PreTrainedModel
+    except ImportError:
+        return
+    added: list[str] = []
+    legacy_cache = any(name.endswith(".DynamicCache") for name in used)
+    for value in list(vars(module).values()):
+        if not isinstance(value, type) or value.__module__ != module.__name__:
+            continue
+        if issubclass(value, PreTrainedModel):
+            for name, method in _METHODS.items():
+                if not hasattr(value, name):
+                    setattr(value, name, method)
+                    added.append(f"{value.__name__}.{name}")
+            if not hasattr(value, "all_tied_weights_keys"):
+                setattr(value, "all_tied_weights_keys", _TiedKeys())  # noqa: B010
+                added.append(f"{value.__name__}.all_tied_weights_keys")
+            moved = getattr(value, "_move_missing_keys_from_meta_to_device", None)
+            if moved is not None and not hasattr(moved, _MARK):
+                setattr(value, "_move_missing_keys_from_meta_to_device",  # noqa: B010
+                        _keeping_buffers(moved))
+                added.append(f"{value.__name__}._move_missing_keys_from_meta_to_device")
+            for name in ("forward", "prepare_inputs_for_generation") if legacy_cache else ():
+                method = vars(value).get(name)
+                if callable(method) and not hasattr(method, _MARK):
+                    setattr(value, name, _with_legacy_cache(method))
+                    added.append(f"{value.__name__}.{name}")
+        elif issubclass(value, PretrainedConfig):
+            probe = _probe_config(PretrainedConfig)
+            defaults = [name for name in CONFIG_DEFAULTS
+                        if not hasattr(probe, name) and name not in vars(value)]
+            for name in defaults:
+                setattr(value, name, CONFIG_DEFAULTS[name])
+                added.append(f"{value.__name__}.{name}")
+            if defaults and hasattr(value, "_get_generation_parameters"):
+                setattr(value, "_get_generation_parameters",  # noqa: B010
+                        _own_generation_parameters(value._get_generation_parameters,
+                                                   frozenset(defaults)))
+    used.update(added)
+
+
+def _own_generation_parameters(found: Callable[[Any], dict[str, Any]],
+                               defaults: frozenset[str]) -> Callable[[Any], dict[str, Any]]:
+    """transformers 5 refuses to generate with a config that sets generation parameters; the
+    class defaults given here are not the config's own settings, so they are left out."""
+
+    def _get_generation_parameters(self: Any) -> dict[str, Any]:
+        params = found(self)
+        return {k: v for k, v in params.items() if k not in defaults or k in vars(self)}
+
+    return _get_generation_parameters
+
+
+@functools.cache
+def _probe_config(config_class: type) -> Any:
+    """A plain ``PretrainedConfig``: the attributes every config has on the installed release."""
+    return config_class()
+
+
+_loader.on_module_setup.append(setup_module)
+_loader.on_module_executed.append(shim_classes)
