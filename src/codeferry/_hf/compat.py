@@ -328,6 +328,12 @@ _METHODS: dict[str, Any] = {
 }
 
 
+def _no_default_cache(cls: type) -> bool:
+    """transformers 4's answer for a class without ``_supports_cache_class``: no
+    ``DynamicCache`` made by ``generate``; the code's own tuples of tensors instead."""
+    return False
+
+
 _build_lock = threading.Lock()
 
 
@@ -428,6 +434,13 @@ def shim_classes(module: types.ModuleType, registration: Any = None) -> None:
             if not hasattr(value, "all_tied_weights_keys"):
                 setattr(value, "all_tied_weights_keys", _TiedKeys())  # noqa: B010
                 added.append(f"{value.__name__}.all_tied_weights_keys")
+            if (not hasattr(PreTrainedModel, "_supports_cache_class")
+                    and not getattr(value, "_supports_cache_class", False)
+                    and "_supports_default_dynamic_cache" not in vars(value)):
+                # code that predates Cache objects takes tuples: generate must not make one
+                setattr(value, "_supports_default_dynamic_cache",  # noqa: B010
+                        classmethod(_no_default_cache))
+                added.append(f"{value.__name__}._supports_default_dynamic_cache")
             moved = getattr(value, "_move_missing_keys_from_meta_to_device", None)
             if moved is not None and not hasattr(moved, _MARK):
                 setattr(value, "_move_missing_keys_from_meta_to_device",  # noqa: B010
