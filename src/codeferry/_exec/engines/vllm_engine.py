@@ -15,7 +15,7 @@ around it:
   chat template, the same parameters resolved over the model's ``generation_config``), given
   to vLLM as token ids with every parameter set, and each completion is cut by
   ``complete``'s own ``_finish``. The ``GenerateResult`` fields mean what they mean on the
-  other engine.
+  other engine; structured output is vLLM's own, on its llguidance backend.
 - **Batches.** Every batch in the worker's pipe joins vLLM's running batch at once
   (``VllmStream``: ``LLMEngine.add_request`` and ``step``): vLLM refills rows as they end,
   across codeferry's batches.
@@ -44,6 +44,11 @@ __all__ = ["VllmEngine", "VllmStream", "auto_engine", "choose_engine", "half_wit
 #: vLLM's ``enforce_eager`` unless ``engine_options`` says: no compiled graphs. Measured
 #: (docs/benchmarks.md): a start-up of about 16 s instead of 40-70 s, about 15% less speed.
 EAGER = True
+#: vLLM's structured-output backend unless ``engine_options`` says otherwise
+#: (``structured_outputs_config``): llguidance, the library the transformers engine masks
+#: with (``generate/structured.py``), so both engines allow the same tokens at each step.
+STRUCTURED_BACKEND = "guidance"
+
 def vllm_version() -> str | None:
     """vLLM's version when it can be imported here, else ``None``."""
     from importlib import metadata
@@ -135,12 +140,18 @@ def _settable(model_class: Any) -> bool:
 def sampling(resolved: Resolved, ends: list[int]) -> Any:
     """vLLM's ``SamplingParams`` for one resolved request: every field set, so vLLM's own
     defaults (its reading of ``generation_config.json``) decide nothing. Text is left to
-    codeferry (``detokenize`` only where a stop string needs it)."""
+    codeferry (``detokenize`` only where a stop string needs it). Structured output is
+    vLLM's own (``StructuredOutputsParams``), on the backend ``STRUCTURED_BACKEND`` names."""
     from vllm import SamplingParams as VllmParams
     from vllm.sampling_params import RequestOutputKind
 
     sample = resolved.do_sample
     stops = sorted(set(ends) | set(resolved.stop_token_ids))
+    structured = None
+    if resolved.structured is not None:
+        from vllm.sampling_params import StructuredOutputsParams
+
+        structured = StructuredOutputsParams(**resolved.structured.to_vllm())
     return VllmParams(
         n=resolved.n, temperature=resolved.temperature if sample else 0.0,
         top_p=resolved.top_p if sample else 1.0, top_k=resolved.top_k if sample else 0,
@@ -150,7 +161,8 @@ def sampling(resolved: Resolved, ends: list[int]) -> Any:
         presence_penalty=resolved.presence_penalty,
         frequency_penalty=resolved.frequency_penalty,
         repetition_penalty=resolved.repetition_penalty, logprobs=resolved.logprobs,
-        detokenize=bool(resolved.stop), output_kind=RequestOutputKind.FINAL_ONLY)
+        detokenize=bool(resolved.stop), output_kind=RequestOutputKind.FINAL_ONLY,
+        structured_outputs=structured)
 
 
 def _logprobs(tokenizer: Any, tokens: list[int], steps: Any, top: int) -> list[dict[str, Any]]:
@@ -244,7 +256,9 @@ class VllmEngine:
             self.llm = LLM(**{"model": spec.model, "revision": options.revision,
                               "trust_remote_code": bool(bundle.files),
                               "dtype": spec.dtype or _saved_dtype(spec.model), "seed": 0,
-                              "enforce_eager": EAGER, **dict(spec.engine.vllm_options)})
+                              "enforce_eager": EAGER,
+                              "structured_outputs_config": {"backend": STRUCTURED_BACKEND},
+                              **dict(spec.engine.vllm_options)})
         except Exception as exc:
             raise EngineRefusedError(
                 f"vLLM {version} could not run {Path(spec.model).name}: {_why(exc)}.",

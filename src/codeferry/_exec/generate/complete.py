@@ -168,6 +168,10 @@ def complete(engine: Generator, requests: Sequence[Request], defaults: SamplingP
     ``planned``: the batch already planned (``plan``: a stream that did not take it)."""
     planned = planned or plan(engine, requests, defaults, chat_template)
     model = engine.model_for("generate")
+    if any(r.structured is not None for r in planned.resolved):
+        from .structured import check
+
+        check(engine.tokenizer, model, [r.structured for r in planned.resolved])
     for members in planned.groups:
         planned.fill(engine.tokenizer, members, _generate(
             engine, model, [planned.rendered[i][1] for i in members],
@@ -178,7 +182,8 @@ def complete(engine: Generator, requests: Sequence[Request], defaults: SamplingP
 def loop_rows(engine: Planner, group: list[Resolved], ends: list[int]) -> list[Any] | None:
     """The decode loop's ``RowOptions`` for a group, or ``None`` when the loop does not do
     it (``n`` above 1, logprobs, penalties, ``min_p``: ``generate`` does those). A sampled
-    row draws from its own generator when it has a seed: the same seed, the same tokens."""
+    row draws from its own generator when it has a seed: the same seed, the same tokens; a
+    structured row is masked by its own matcher (``structured.Mask``)."""
     first = group[0]
     assert engine.generate_path is not None  # set when the model was built
     if (engine.generate_path[0] != "decode" or first.n != 1 or first.logprobs is not None
@@ -192,7 +197,8 @@ def loop_rows(engine: Planner, group: list[Resolved], ends: list[int]) -> list[A
                        min_new_tokens=min(p.min_tokens or 0, p.max_tokens),
                        do_sample=p.do_sample, temperature=p.temperature if p.do_sample else 1.0,
                        top_k=p.top_k if p.do_sample else 0,
-                       top_p=p.top_p if p.do_sample else 1.0, seed=p.seed) for p in group]
+                       top_p=p.top_p if p.do_sample else 1.0, seed=p.seed,
+                       structured=p.structured) for p in group]
 
 
 def _ends(eos: Any) -> list[int]:
@@ -219,14 +225,15 @@ def _generate(engine: Generator, model: Any, prompts: list[list[int]], group: li
         options["min_new_tokens"] = min(first.min_tokens, new)
     plain = (first.n == 1 and first.logprobs is None and first.repetition_penalty == 1.0
              and not first.presence_penalty and not first.frequency_penalty
-             and not first.stop_token_ids)
+             and not first.stop_token_ids and first.structured is None)
     looped = loop_rows(engine, group, ends)
     assert engine.generate_path is not None  # set when the model was built
     if looped is not None:
         # the decode loop (decode.py): each row to its own max_tokens, ended rows leave
         from .decode import decode
 
-        return [[(row, None)] for row in decode(model, prompts, looped, pad_token_id=pad)]
+        return [[(row, None)] for row in decode(model, prompts, looped, pad_token_id=pad,
+                                                tokenizer=engine.tokenizer)]
     if engine.generate_path[0] == "continuous" and plain and not first.do_sample \
             and continuous_supports(options):
         rows = generate_continuous(model, prompts, options, ends or None)
@@ -244,11 +251,16 @@ def _generate(engine: Generator, model: Any, prompts: list[list[int]], group: li
     device = model.device
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    processors: list[Any] = []
+    if first.structured is not None:
+        processors += _constrained(engine, model, first, width, set(stops), options)
     if first.presence_penalty or first.frequency_penalty:
+        processors.insert(1 if first.structured is not None else 0, _Penalties(
+            first.presence_penalty, first.frequency_penalty, width))
+    if processors:
         from transformers import LogitsProcessorList
 
-        options["logits_processor"] = LogitsProcessorList(
-            [_Penalties(first.presence_penalty, first.frequency_penalty, width)])
+        options["logits_processor"] = LogitsProcessorList(processors)
     options = lighter_min_new_tokens(options, width, model.generation_config)
     if first.logprobs is not None:
         options.update(return_dict_in_generate=True, output_logits=True)
@@ -260,6 +272,37 @@ def _generate(engine: Generator, model: Any, prompts: list[list[int]], group: li
                        max(p.logprobs or 0 for p in group)) if first.logprobs is not None else None
     return [[(tokens[i * n + j % n], None if picked is None else picked[i * n + j % n])
              for j in range(first.n)] for i in range(len(prompts))]
+
+
+def _constrained(engine: Generator, model: Any, first: Resolved, width: int, ends: set[int],
+                 options: dict[str, Any]) -> list[Any]:
+    """The logits processors of a structured group: the grammar's mask first, then, when it
+    samples, temperature, top-k, top-p and min-p. ``generate`` runs custom processors after
+    its own, and a top-k taken before the mask could keep only tokens the grammar forbids;
+    so ``generate``'s own are turned off (``options``) and run here, after the mask."""
+    from .structured import Constrained, grammars
+
+    assert first.structured is not None
+    found: list[Any] = [Constrained(grammars(engine.tokenizer, model), first.structured, width,
+                                    ends)]
+    if first.do_sample:
+        from transformers import (
+            MinPLogitsWarper,
+            TemperatureLogitsWarper,
+            TopKLogitsWarper,
+            TopPLogitsWarper,
+        )
+
+        options.update(temperature=1.0, top_k=0, top_p=1.0, min_p=None)
+        if first.temperature != 1.0:
+            found.append(TemperatureLogitsWarper(first.temperature))
+        if first.top_k:
+            found.append(TopKLogitsWarper(first.top_k))
+        if first.top_p < 1.0:
+            found.append(TopPLogitsWarper(first.top_p))
+        if first.min_p:
+            found.append(MinPLogitsWarper(first.min_p))
+    return found
 
 
 @contextmanager

@@ -23,7 +23,8 @@ model's ``forward`` itself:
   output never holds a half-empty batch.
 
 Each row has its own options (``RowOptions``): new-token limits, end-of-sequence ids,
-greedy or sampled (temperature, top-k, top-p, seed). Greedy rows give ``generate``'s tokens
+greedy or sampled (temperature, top-k, top-p, seed), structured output (its own grammar
+matcher masks its logits: ``structured.py``). Greedy rows give ``generate``'s tokens
 (positions from the attention mask as ``generate`` computes them, float32 argmax);
 ``tests/exec/generate/test_decode.py`` checks it token for token. A model whose cache is not plain
 full attention (sliding windows, states) is not run here: ``supports`` says so, and the
@@ -67,6 +68,8 @@ class RowOptions:
     top_p: float = 1.0
     #: A row with a seed draws from its own generator: the same seed, the same tokens.
     seed: int | None = None
+    #: What the text must match (``structured.StructuredOutput``; its matcher masks the row).
+    structured: Any = None
 
 
 def ids(value: Any) -> tuple[int, ...]:
@@ -301,18 +304,27 @@ class _Chooser:
     samples (temperature, then top-k, then top-p), all sampled rows at once: a row's
     top-k (or, without one, its whole vocabulary) sorted once, top-p cut within it."""
 
-    def __init__(self, options: dict[int, RowOptions]) -> None:
+    def __init__(self, options: dict[int, RowOptions], model: Any, tokenizer: Any) -> None:
         self.options = options  # the engine's: rows come and go
         self.generators: dict[int, Any] = {}
+        self.model, self.tokenizer = model, tokenizer
+        self.masks: Any = None  # ``structured.Mask`` of the structured rows, from the first
 
     def add(self, index: int, option: RowOptions) -> None:
         if option.do_sample and option.seed is not None:
             import torch
 
             self.generators[index] = torch.Generator().manual_seed(option.seed)
+        if option.structured is not None:
+            from .structured import Mask, grammars
+
+            self.masks = self.masks or Mask(grammars(self.tokenizer, self.model), set())
+            self.masks.add(index, option.structured)
 
     def pick(self, logits: Any, rows: list[int], counts: list[int]) -> list[int]:
         options = [self.options[r] for r in rows]
+        if self.masks is not None:
+            self.masks.mask(logits, rows)
         for at, (option, count) in enumerate(zip(options, counts, strict=True)):
             if option.eos and count < option.min_new_tokens:
                 logits[at, list(option.eos)] = float("-inf")
@@ -361,7 +373,8 @@ class Engine:
     rows free up keeps the width, and each batch is answered as soon as its own rows end.
     """
 
-    def __init__(self, model: Any, *, pad_token_id: int, max_rows: int | None = None) -> None:
+    def __init__(self, model: Any, *, pad_token_id: int, max_rows: int | None = None,
+                 tokenizer: Any = None) -> None:  # tokenizer: for structured rows' grammars
         self.model, self.pad, self.max_rows = model, pad_token_id, max_rows
         call = calling(model)
         if isinstance(call, str):
@@ -376,7 +389,7 @@ class Engine:
         self.left: dict[int, int] = {}  # a group's rows not ended yet
         self.waiting: list[int] = []    # first come, first in; longest first within a group
         self.finished: list[tuple[int, list[list[int]]]] = []
-        self.chooser = _Chooser(self.options)
+        self.chooser = _Chooser(self.options, model, tokenizer)
         self.rows = 1
         self._next, self._next_group, self._longest = 0, 0, 1
 
@@ -450,7 +463,10 @@ class Engine:
             row = batch.rows[at]
             self.outputs[row].append(token)
             option = self.options[row]
-            if token in option.eos or len(self.outputs[row]) >= option.max_new_tokens:
+            ended = token in option.eos or len(self.outputs[row]) >= option.max_new_tokens
+            if self.chooser.masks is not None:
+                self.chooser.masks.took(row, token, ended)
+            if ended:
                 batch.done[at] = True
                 group = self.group_of[row]
                 self.left[group] -= 1
@@ -463,17 +479,17 @@ class Engine:
         self.finished.append((group, [self.outputs[i] for i in indices]))
         for index in indices:
             for table in (self.prompts, self.options, self.outputs, self.group_of,
-                          self.chooser.generators):
+                          self.chooser.generators, getattr(self.chooser.masks, "matchers", {})):
                 table.pop(index, None)
 
 
 def decode(model: Any, prompts: list[list[int]], options: list[RowOptions], *,
-           pad_token_id: int, max_rows: int | None = None) -> list[list[int]]:
+           pad_token_id: int, max_rows: int | None = None, tokenizer: Any = None) -> list[list[int]]:
     """The new tokens of every prompt (each row's end-of-sequence included, as ``generate``
     returns it, padding removed). ``max_rows``: rows decoded together (``rows_for``)."""
     import torch
 
-    engine = Engine(model, pad_token_id=pad_token_id, max_rows=max_rows)
+    engine = Engine(model, pad_token_id=pad_token_id, max_rows=max_rows, tokenizer=tokenizer)
     engine.add(prompts, options)
     outputs: list[list[int]] = []
     with torch.inference_mode():

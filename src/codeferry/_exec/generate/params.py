@@ -35,9 +35,10 @@ from typing import Any, Literal
 
 from ... import _settings
 from ...errors import SamplingParamsError
+from .structured import GUIDED, StructuredOutput, structured_in
 
-__all__ = ["Completion", "Conversation", "GenerateResult", "Request", "Resolved", "SamplingParams",
-           "conversations",
+__all__ = ["BODY_KEYS", "Completion", "Conversation", "GenerateResult", "Request", "Resolved",
+           "SamplingParams", "StructuredOutput", "conversations",
            "cut_at_stop", "group_key", "resolve"]
 
 FinishReason = Literal["stop", "length"]
@@ -88,8 +89,9 @@ class SamplingParams:
     finish reason is "stop"), ``stop_token_ids`` (end at such a token: counted, not in the
     text), ``n`` (completions per request), ``presence_penalty``/``frequency_penalty``
     (OpenAI's, on the tokens generated so far), ``repetition_penalty`` (transformers', prompt included), ``logprobs``
-    (the chosen token's logprob, and this many alternatives per token; 0: the chosen only).
-    Out-of-range values raise ``SamplingParamsError``.
+    (the chosen token's logprob, and this many alternatives per token; 0: the chosen only),
+    ``structured_outputs`` (a ``StructuredOutput``, or vLLM's ``{"json": SCHEMA}`` spelling:
+    what the text must match). Out-of-range values raise ``SamplingParamsError``.
     """
 
     temperature: float | None = None
@@ -106,6 +108,7 @@ class SamplingParams:
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logprobs: int | None = None
+    structured_outputs: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         checked = {
@@ -127,6 +130,9 @@ class SamplingParams:
         }
         for name, value in checked.items():
             object.__setattr__(self, name, value)
+        if self.structured_outputs is not None:
+            object.__setattr__(self, "structured_outputs",
+                               structured_in({"structured_outputs": self.structured_outputs}))
         if (self.min_tokens is not None and self.max_tokens is not None
                 and self.min_tokens > self.max_tokens):
             raise _error("min_tokens", f"is {self.min_tokens}, above max_tokens "
@@ -135,10 +141,16 @@ class SamplingParams:
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> SamplingParams:
         """The parameters an OpenAI request body (or a plain input line) sets; other keys
-        are not parameters and are left alone. ``logprobs``: an integer (completions), or
-        ``true`` with ``top_logprobs`` (chat)."""
+        are not parameters and are left alone (``BODY_KEYS``: those read). ``logprobs``: an
+        integer (completions), or ``true`` with ``top_logprobs`` (chat). Structured output
+        under any of its spellings (``structured_outputs``, ``response_format``,
+        ``guided_json``, ``guided_regex``, ``guided_choice``, ``guided_grammar``) is
+        ``structured_outputs``; two at once raise ``SamplingParamsError``."""
         values: dict[str, Any] = {}
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = {f.name for f in dataclasses.fields(cls)} - {"structured_outputs"}
+        structured = structured_in(body)
+        if structured is not None:
+            values["structured_outputs"] = structured
         for key, value in body.items():
             name = _ALIASES.get(key, key)
             if name in names and value is not None:
@@ -180,15 +192,21 @@ class SamplingParams:
 
     def set_fields(self) -> dict[str, Any]:
         """The fields set here, as JSON-ready values (the run record keeps them)."""
-        return {k: list(v) if isinstance(v, tuple) else v
-                for k, v in dataclasses.asdict(self).items() if v is not None}
+        out: dict[str, Any] = {}
+        for name, value in self._set().items():
+            out[name] = (value.to_vllm() if isinstance(value, StructuredOutput)
+                         else list(value) if isinstance(value, tuple) else value)
+        return out
+
+    def _set(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) is not None}
 
     def over(self, defaults: SamplingParams | None) -> SamplingParams:
         """These parameters, each unset one taken from ``defaults``."""
         if defaults is None:
             return self
-        return dataclasses.replace(defaults, **{k: v for k, v in dataclasses.asdict(self).items()
-                                                if v is not None})
+        return dataclasses.replace(defaults, **self._set())
 
 
 def _strings(value: Any) -> tuple[str, ...] | None:
@@ -230,6 +248,8 @@ class Resolved:
     frequency_penalty: float
     repetition_penalty: float
     logprobs: int | None
+    #: What the text must match (``None``: anything).
+    structured: StructuredOutput | None = None
 
 
 def resolve(params: SamplingParams, model: Mapping[str, Any]) -> Resolved:
@@ -256,7 +276,7 @@ def resolve(params: SamplingParams, model: Mapping[str, Any]) -> Resolved:
         n=params.n or 1, presence_penalty=params.presence_penalty or 0.0,
         frequency_penalty=params.frequency_penalty or 0.0,
         repetition_penalty=float(pick("repetition_penalty", "repetition_penalty", 1.0)),
-        logprobs=params.logprobs)
+        logprobs=params.logprobs, structured=params.structured_outputs)
 
 
 def group_key(resolved: Resolved, index: int) -> tuple[Any, ...]:
@@ -266,14 +286,24 @@ def group_key(resolved: Resolved, index: int) -> tuple[Any, ...]:
     not (the call runs to the longest ``max_tokens``, and each row is cut at its own end:
     a causal model's first k tokens do not depend on the steps after them). A seeded
     request is a group of its own (``index`` makes its key unique): its random numbers then
-    depend on its seed alone, not on the rows beside it.
+    depend on its seed alone, not on the rows beside it. A structured output constraint is in
+    the key: a call's rows share one grammar (each row its own matcher over it).
     """
     sampling = ((resolved.temperature, resolved.top_p, resolved.top_k, resolved.min_p)
                 if resolved.do_sample else ())
     return (resolved.do_sample, *sampling, resolved.repetition_penalty,
             resolved.presence_penalty, resolved.frequency_penalty, resolved.min_tokens,
             resolved.stop_token_ids, resolved.n, resolved.logprobs is not None,
-            index if resolved.seed is not None and resolved.do_sample else None)
+            index if resolved.seed is not None and resolved.do_sample else None,
+            resolved.structured)
+
+
+#: Every body key ``SamplingParams.from_body`` reads: the fields, their aliases, the chat
+#: API's ``top_logprobs`` and the spellings of structured output. A key outside it is not a
+#: sampling parameter (a batch line's other keys are the caller's to judge).
+BODY_KEYS: frozenset[str] = frozenset(
+    {f.name for f in dataclasses.fields(SamplingParams)} | set(_ALIASES) | set(GUIDED)
+    | {"top_logprobs", "response_format"})
 
 
 @dataclass(frozen=True)

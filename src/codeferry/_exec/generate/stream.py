@@ -54,6 +54,10 @@ class Stream:
                   for members in planned.groups]
         if any(rows is None for rows in looped):
             return planned
+        if any(r.structured is not None for r in planned.resolved):
+            from .structured import check  # refused whole, before any group joins the loop
+
+            check(self.tokenizer, self.model, [r.structured for r in planned.resolved])
         engine = self._engine()
         self.left[request_id] = len(planned.groups)
         for members, rows in zip(planned.groups, looped, strict=True):
@@ -68,7 +72,8 @@ class Stream:
     def _engine(self) -> Engine:
         if self.engine is None:
             pad = self.tokenizer.pad_token_id
-            self.engine = Engine(self.model, pad_token_id=0 if pad is None else int(pad))
+            self.engine = Engine(self.model, pad_token_id=0 if pad is None else int(pad),
+                                 tokenizer=self.tokenizer)
         return self.engine
 
     def step(self) -> list[tuple[int, bool, Any]]:
