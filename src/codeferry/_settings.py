@@ -188,7 +188,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         ("CODEFERRY_SANDBOX",),
         "off",
-        "`1`: every process that runs model code runs in the box (`Executor(sandbox=None)`, `codeferry run`); see the security page",
+        "`1`: every process that runs model code runs in the box, as `--sandbox` (`run`, `exec`) and `Executor(sandbox=True)` ask; see the security page",
     ),
     Setting(
         ("CODEFERRY_SANDBOX_LANDLOCK",),

@@ -28,7 +28,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from .. import _settings
-from ..errors import SandboxRefusedError, SandboxUnavailableError
+from ..errors import (
+    SandboxRefusedError,
+    SandboxUnavailableError,
+    StoreCorruptError,
+    StorePermissionError,
+    StoreUnavailableError,
+)
 from . import landlock, seccomp
 from .policy import Policy, Request, build_policy, is_credential, scrubbed
 
@@ -42,6 +48,9 @@ _WRITE = tuple(n for n in landlock.FS if n != "execute")
 _FIX = ("run on Linux 6.12 or later with Landlock enabled (`lsm=...,landlock` on the kernel "
         "command line; `cat /sys/kernel/security/lsm` lists it), or run without the box "
         "(no --sandbox, CODEFERRY_SANDBOX unset) if you trust this code.")
+#: codeferry's own errors about the machine (its store), kept as they are: faults of the
+#: machine, not the model's doing.
+_OWN = (StoreUnavailableError, StorePermissionError, StoreCorruptError)
 _state = threading.local()
 _entered: list[Policy] = []
 
@@ -210,7 +219,7 @@ def _denied(exc: BaseException) -> OSError | None:
 def refusal(exc: BaseException) -> BaseException:
     """``exc`` as a ``SandboxRefusedError`` naming the operation and target when it (or its
     cause) is an access the box refused in this process; else ``exc`` itself."""
-    if not _entered or isinstance(exc, SandboxRefusedError):
+    if not _entered or isinstance(exc, (SandboxRefusedError, *_OWN)):
         return exc
     removed = _removed_credential(exc)
     if removed is not None:
