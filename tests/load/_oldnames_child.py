@@ -1,0 +1,30 @@
+"""Loads the ``oldnames`` folder with codeferry and prints, as JSON, which of its names are
+transformers' own: run by ``test_compat.py`` with another transformers release's Python."""
+
+import json
+import sys
+
+import codeferry
+
+
+def main() -> None:
+    import transformers.utils
+    from transformers import PreTrainedModel
+    from transformers.cache_utils import DynamicCache
+
+    classes = codeferry.load(sys.argv[1], trust_remote_code=True)
+    model_class = classes["AutoModel"]
+    module = sys.modules[model_class.__module__]
+    print(json.dumps({
+        "version": transformers.__version__,
+        "fx_is_transformers": module.is_torch_fx_available is getattr(
+            transformers.utils, "is_torch_fx_available", None),
+        "cache_is_transformers": module.DynamicCache is DynamicCache,
+        "head_mask_is_transformers": model_class.get_head_mask is getattr(
+            PreTrainedModel, "get_head_mask", None),
+        "max_length": classes["AutoConfig"]().max_length,
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""Names transformers 5 removed, served to the remote code that uses them and to nothing else.
+
+The model here imports and calls them the way real remote code of the transformers 4 years does
+(InternLM2, DeepSeek, Baichuan, ChatGLM, MPT, Falcon RW): on the installed release it loads
+and runs, while transformers, for every other module of the process, stays as installed. On
+transformers 4.53, where these names exist, the code gets transformers' own objects. CI runs this
+module on the newest transformers too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import codeferry
+
+FLOORS = os.environ.get("CODEFERRY_FLOORS_PYTHON", "/work/floors/bin/python")
+
+CONFIG = '''
+from transformers import PretrainedConfig
+
+
+class OldNamesConfig(PretrainedConfig):
+    model_type = "oldnames"
+
+    def __init__(self, hidden_size=8, num_layers=3, num_heads=2, **kwargs):
+        self.hidden_size = hidden_size
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        super().__init__(**kwargs)
+'''
+
+MODELING = '''
+import torch
+from torch import nn
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.deepspeed import is_deepspeed_zero3_enabled
+from transformers.generation.utils import BeamSearchOutput, GreedySearchOutput, SampleOutput
+from transformers.modeling_utils import Conv1D, PreTrainedModel
+from transformers.models.llama.modeling_llama import _expand_mask, _make_causal_mask
+from transformers.pytorch_utils import find_pruneable_heads_and_indices
+from transformers.utils import is_torch_fx_available, is_torch_sdpa_available
+
+from .configuration_oldnames import OldNamesConfig
+
+if is_torch_fx_available():
+    FX = True
+
+
+class OldNamesPreTrainedModel(PreTrainedModel):
+    config_class = OldNamesConfig
+    base_model_prefix = "oldnames"
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            module.weight.data.normal_(std=0.02)
+
+
+class OldNamesModel(OldNamesPreTrainedModel):
+    def __init__(self, config):
+        super().__init__(config)
+        self.max_length = config.max_length
+        self.padding_idx = config.pad_token_id
+        self.proj = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, hidden_states, head_mask=None, past_key_values=None):
+        head_mask = self.get_head_mask(head_mask, self.config.num_layers)
+        if not isinstance(past_key_values, Cache):
+            past_key_values = DynamicCache.from_legacy_cache(past_key_values)
+        return self.proj(hidden_states), head_mask, past_key_values
+'''
+
+CONFIG_JSON = {
+    "auto_map": {"AutoConfig": "configuration_oldnames.OldNamesConfig",
+                 "AutoModel": "modeling_oldnames.OldNamesModel"},
+    "model_type": "oldnames", "hidden_size": 8, "num_layers": 3, "num_heads": 2,
+}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("oldnames") / "oldnames"
+    root.mkdir()
+    (root / "configuration_oldnames.py").write_text(textwrap.dedent(CONFIG))
+    (root / "modeling_oldnames.py").write_text(textwrap.dedent(MODELING))
+    (root / "config.json").write_text(json.dumps(CONFIG_JSON))
+    return root
+
+
+@pytest.fixture(scope="module")
+def loaded(folder: Path) -> tuple[type, type, object]:
+    classes = codeferry.load(folder, trust_remote_code=True, strict=True)
+    model_class = classes["AutoModel"]
+    return classes["AutoConfig"], model_class, sys.modules[model_class.__module__]
+
+
+def test_transformers_itself_is_left_as_installed(loaded: tuple[type, type, object]) -> None:
+    """The names reach the model's module only: transformers, and any other module importing
+    from it, still see the installed release (the test is for a release that lacks them)."""
+    import transformers.utils
+    from transformers import PretrainedConfig, PreTrainedModel
+    from transformers.cache_utils import DynamicCache
+
+    _, _, module = loaded
+    assert module.FX is True and module.is_torch_sdpa_available() is True
+    assert not hasattr(transformers.utils, "is_torch_fx_available")
+    assert not hasattr(PreTrainedModel, "get_head_mask")
+    assert not hasattr(DynamicCache, "from_legacy_cache")
+    assert not hasattr(PretrainedConfig(), "max_length")
+    with pytest.raises(ImportError):
+        __import__("transformers.deepspeed")
+    with pytest.raises(ImportError):
+        exec("from transformers.utils import is_torch_fx_available", {})  # noqa: S102
+
+
+def test_get_head_mask_as_transformers_4(loaded: tuple[type, type, object]) -> None:
+    config_class, model_class, _ = loaded
+    model = model_class(config_class())
+    x = torch.zeros(1, 2, 8)
+    _, head_mask, _ = model(x)
+    assert head_mask == [None, None, None]
+    _, head_mask, _ = model(x, head_mask=torch.tensor([1.0, 0.0]))
+    assert head_mask.shape == (3, 1, 2, 1, 1) and head_mask[:, 0, 1].sum() == 0
+    _, head_mask, _ = model(x, head_mask=torch.ones(3, 2))
+    assert head_mask.shape == (3, 1, 2, 1, 1)
+
+
+def test_a_model_without_post_init_saves_and_loads(loaded: tuple[type, type, object],
+                                                   tmp_path: Path) -> None:
+    """transformers 5 sets ``all_tied_weights_keys`` in ``post_init``, which old code never
+    calls; ``from_pretrained`` reads it."""
+    from transformers import AutoModel
+
+    config_class, model_class, _ = loaded
+    model = model_class(config_class())
+    assert "post_init" not in Path(sys.modules[model_class.__module__].__file__).read_text()
+    model.save_pretrained(tmp_path / "saved")
+    again = AutoModel.from_pretrained(tmp_path / "saved")
+    assert torch.equal(again.proj.weight, model.proj.weight)
+
+
+def test_the_legacy_cache_round_trips(loaded: tuple[type, type, object]) -> None:
+    from transformers.cache_utils import DynamicCache
+
+    config_class, model_class, module = loaded
+    legacy = tuple((torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4)) for _ in range(2))
+    _, _, cache = model_class(config_class())(torch.zeros(1, 1, 8), past_key_values=legacy)
+    assert isinstance(cache, DynamicCache) and type(cache) is module.DynamicCache
+    assert cache.get_usable_length(1) == 3 and cache.seen_tokens == 3
+    back = cache.to_legacy_cache()
+    assert all(torch.equal(a, b) for pa, pb in zip(back, legacy, strict=True)
+               for a, b in zip(pa, pb, strict=True))
+
+
+def test_the_masks_are_transformers_4s(loaded: tuple[type, type, object]) -> None:
+    """The same values as the static methods that transformers keeps on
+    ``AttentionMaskConverter``."""
+    from transformers.modeling_attn_mask_utils import AttentionMaskConverter as Converter
+
+    _, _, module = loaded
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    assert torch.equal(module._expand_mask(mask, torch.float32, 3),
+                       Converter._expand_mask(mask, torch.float32, 3))
+    assert torch.equal(module._make_causal_mask((2, 3), torch.float32, "cpu", 2),
+                       Converter._make_causal_mask((2, 3), torch.float32, "cpu", 2))
+
+
+def test_the_other_names(loaded: tuple[type, type, object]) -> None:
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+    from transformers.pytorch_utils import Conv1D
+
+    _, _, module = loaded
+    assert module.Conv1D is Conv1D
+    assert module.is_deepspeed_zero3_enabled is is_deepspeed_zero3_enabled
+    assert GenerateDecoderOnlyOutput in module.SampleOutput.__args__
+    heads, index = module.find_pruneable_heads_and_indices([1], 2, 3, set())
+    assert heads == {1} and index.tolist() == [0, 1, 2]
+
+
+def test_config_defaults_are_transformers_4s_and_not_saved(loaded: tuple[type, type, object]) -> None:
+    config_class, model_class, _ = loaded
+    config = config_class()
+    assert config.max_length == 20 and config.pad_token_id is None
+    assert model_class(config).max_length == 20
+    assert "max_length" not in config.to_dict()
+    assert config_class(pad_token_id=7).pad_token_id == 7  # the config's own value wins
+
+
+def test_on_the_floors_the_code_gets_transformers_own_names(folder: Path) -> None:
+    """transformers 4.53 has ``is_torch_fx_available``, ``get_head_mask``, the legacy cache and
+    config defaults: nothing is shimmed there."""
+    child = Path(__file__).with_name("_oldnames_child.py")
+    done = subprocess.run([FLOORS, str(child), str(folder)], capture_output=True, text=True,
+                          timeout=300, check=False, env={**os.environ, "PYTHONPATH": ""})
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"version": "4.53.0", "fx_is_transformers": True,
+                    "cache_is_transformers": True, "head_mask_is_transformers": True,
+                    "max_length": 20}
