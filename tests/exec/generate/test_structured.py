@@ -203,8 +203,13 @@ def test_executor_workers_give_outputs_that_match(llama: tuple[Path, Any, Any]) 
              "choice": SamplingParams.from_body({**body, "guided_choice": CHOICES}),
              "regex": SamplingParams.from_body({**body, "guided_regex": REGEX})}
     plain = SamplingParams.from_body({**body, "max_tokens": 8})
+    # sampled, n completions each: generate's own warpers run after the mask (complete.py)
+    sampled = [SamplingParams.from_body({"max_tokens": 40, "temperature": 1.5, "top_k": 5,
+                                         "top_p": 0.9, "seed": i, "n": 2, "guided_regex": REGEX})
+               for i in range(3)]
     requests = [codeferry.Request(prompt=p, params=params) for params in kinds.values()
                 for p in PROMPTS] + [codeferry.Request(prompt=p, params=plain) for p in PROMPTS]
+    requests += [codeferry.Request(prompt="x", params=params) for params in sampled]
     texts = {}
     for path in ("auto", "batched"):
         with codeferry.Executor(folder, workers=1, generate_path=path) as ex:
@@ -219,6 +224,9 @@ def test_executor_workers_give_outputs_that_match(llama: tuple[Path, Any, Any]) 
         assert all(r.text in CHOICES for r in by_kind["choice"])
         assert all(re.fullmatch(REGEX, r.text) for r in by_kind["regex"])
         assert len({r.text for r in by_kind["choice"]}) > 1  # the model chose, not the mask
+        draws = [c.text for r in results[-len(sampled):] for c in r.completions]
+        assert len(draws) == 6 and all(re.fullmatch(REGEX, t) for t in draws), draws
+        results = results[:-len(sampled)]
         assert [r.text for r in results[-len(PROMPTS):]] == [r.text for r in alone]
         texts[path] = [r.text for r in results]
     assert texts["auto"] == texts["batched"]
