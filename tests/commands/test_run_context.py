@@ -1,8 +1,8 @@
 """Requests are checked against the model's context (``max_model_len``) before any worker.
 
-One line with ``max_tokens: 1000000000000`` used to reach the decode loop, which asked for
-terabytes of cache: the memory error was written as the answer of its innocent batch-mates.
-Now a ``generate`` line whose prompt (at least its UTF-8 bytes / 8 tokens) and
+One line with ``max_tokens: 1000000000000`` that reached the decode loop would ask for
+terabytes of cache, and its memory error would answer for its innocent batch-mates. So a
+``generate`` line whose prompt (at least its UTF-8 bytes / 8 tokens) and
 ``max_tokens`` exceed the context (``max_position_embeddings`` and its kin in config.json,
 read without running the model's code, or ``--max-model-len``) gets its own error line,
 typed, naming the file and line and the fix, as vLLM answers such a request; the others run.
@@ -19,7 +19,9 @@ import pytest
 import codeferry
 from codeferry import cli
 from codeferry._commands.run import run
+from codeferry._exec.batching import context_error
 from codeferry._exec.files import model_context
+from codeferry._exec.generate.params import Request
 from codeferry.errors import SamplingParamsError
 
 DEMO = Path(cli._demo())
@@ -37,18 +39,27 @@ def test_a_line_over_the_context_gets_its_own_error_and_the_others_run(tmp_path:
         {"id": "a", "prompt": "Hello", "max_tokens": 4},
         {"id": "big", "prompt": "Hello", "max_tokens": HUGE},
         {"id": "c", "prompt": "World", "max_tokens": 4},
-        {"id": "edge", "prompt": "Hi", "max_tokens": 255},  # 1 + 255 = 256 tokens: it fits
     ]) + "\n")
     output = tmp_path / "out.jsonl"
     result = run(DEMO, source, output, workers=1, start_method="fork")
-    assert (result.written, result.failed) == (4, 1)
+    assert (result.written, result.failed) == (3, 1)
     rows = _lines(output)
-    assert list(rows) == ["a", "big", "c", "edge"]
+    assert list(rows) == ["a", "big", "c"]
     error = str(rows["big"]["error"])
     assert error.startswith(f"SamplingParamsError: {source}:2: ")
     assert f"max_tokens {HUGE}" in error and "context of 256 tokens" in error
     assert "give max_tokens at most 255" in error and "--max-model-len" in error
-    assert all("output" in rows[i] and "error" not in rows[i] for i in ("a", "c", "edge"))
+    assert all("output" in rows[i] and "error" not in rows[i] for i in ("a", "c"))
+
+
+def test_a_request_that_fills_the_context_exactly_fits() -> None:
+    """The edge, where generating it whole would cost the demo 255 tokens: one prompt token
+    plus 255 new ones is the demo's 256; one more is refused with the largest that fits."""
+    fits = Request(prompt="Hi", params=codeferry.SamplingParams(max_tokens=255))
+    assert context_error(fits, None, 256) is None
+    error = context_error(Request(prompt="Hi", params=codeferry.SamplingParams(max_tokens=256)),
+                          None, 256)
+    assert error is not None and "give max_tokens at most 255" in (error.fix or "")
 
 
 def test_max_model_len_bounds_lines_on_the_command_line(
