@@ -47,6 +47,7 @@ __all__ = [
     "InputNotFoundError",
     "InputFormatError",
     "RequestRefusedError",
+    "WeightsUnreadableError",
     "OutputError",
     "CodeChangedError",
     "ResumeMismatchError",
@@ -796,6 +797,12 @@ class RequestRefusedError(InputFormatError):
     def __init__(self, message: str, *, field: str = "", **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.field = field
+
+
+class WeightsUnreadableError(CodeferryError, ValueError):
+    """A weights file of the model folder cannot be read whole: a safetensors file cut short
+    (a download or copy that stopped), or a shard its index names that is not there.
+    ``path`` names the file; ``codeferry run`` says so before any worker starts."""
 
 
 class OutputError(CodeferryError, OSError):

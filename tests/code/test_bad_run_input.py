@@ -23,10 +23,11 @@ from pathlib import Path
 import pytest
 
 from codeferry._commands.inputs import MAX_DEPTH, read_inputs
-from codeferry.cli import main
+from codeferry.cli import _demo, main
 from codeferry.errors import InputFormatError
 
 DEEP = 100_000
+DEMO = _demo()
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -81,7 +82,7 @@ def test_a_bad_line_is_refused_typed_naming_file_and_line(
     assert (info.value.path, info.value.line) == (str(source), line)
     assert words in str(info.value) and info.value.fix
     output = tmp_path / "out.jsonl"
-    code = main(["run", "--input", str(source), "--output", str(output)])
+    code = main(["run", DEMO, "--input", str(source), "--output", str(output)])
     out, err = capsys.readouterr()
     assert code == 1 and out == ""
     assert err.count("\n") == 1 and err.startswith("codeferry: error: ")
@@ -110,7 +111,7 @@ def test_a_surrogate_added_to_a_resumed_input_leaves_the_output_as_it_was(
     source = tmp_path / "in.jsonl"
     source.write_text('{"id": "a", "prompt": "one"}\n{"id": "b", "prompt": "two"}\n')
     output = tmp_path / "out.jsonl"
-    argv = ["run", "--input", str(source), "--output", str(output), "--max-new-tokens", "2",
+    argv = ["run", DEMO, "--input", str(source), "--output", str(output), "--max-new-tokens", "2",
             "--workers", "1"]
     assert main(argv) == 0
     capsys.readouterr()
@@ -137,7 +138,7 @@ def test_an_output_line_python_cannot_read_is_foreign(
     line = "[" * DEEP + "]" * DEEP if bad == "deep" else '{"custom_id": ' + "1" * 5000 + "}"
     output.write_text('{"id": 1, "output": "y"}\n' + line + "\n")
     before = output.read_bytes()
-    code = main(["run", "--input", str(source), "--output", str(output)])
+    code = main(["run", DEMO, "--input", str(source), "--output", str(output)])
     err = capsys.readouterr().err
     assert code == 1 and err.count("\n") == 1 and "out.jsonl:2: " in err
     assert "is not an output of codeferry run" in err and "Traceback" not in err

@@ -240,7 +240,7 @@ def test_bad_input_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str],
         read_inputs(source)
     assert (info.value.path, info.value.line) == (str(source), line)
     output = tmp_path / "out.jsonl"
-    code, out, err = run_cli(capsys, "run", "--input", str(source), "--output", str(output))
+    code, out, err = run_cli(capsys, "run", str(DEMO), "--input", str(source), "--output", str(output))
     assert code == 1 and out == ""
     assert err.count("\n") == 1 and f"in.jsonl:{line}: " in err and words in err and "Fix:" in err
     assert not output.exists()
@@ -248,7 +248,8 @@ def test_bad_input_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str],
 
 def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     output = tmp_path / "out.jsonl"
-    code, _, err = run_cli(capsys, "run", "--input", str(tmp_path / "missing.jsonl"), "-o", str(output))
+    code, _, err = run_cli(capsys, "run", str(DEMO), "--input", str(tmp_path / "missing.jsonl"),
+                           "-o", str(output))
     assert code == 2 and "does not exist" in err and err.count("\n") == 1
     assert run_cli(capsys, "run", "--pooling", "mean")[0] == 2
     assert run_cli(capsys, "run", "--task", "embed", "--max-new-tokens", "3")[0] == 2
@@ -324,7 +325,8 @@ def test_output_of_another_input_is_refused(
     output = tmp_path / "out.jsonl"
     before = b'{"id": 1, "output": "x"}\n{"id": "other", "output": "y"}\n'
     output.write_bytes(before)
-    code, _, err = run_cli(capsys, "run", "--input", str(resume_case[0]), "--output", str(output))
+    code, _, err = run_cli(capsys, "run", str(DEMO), "--input", str(resume_case[0]),
+                           "--output", str(output))
     assert code == 1 and "out.jsonl:1: the existing output holds id 1" in err
     assert output.read_bytes() == before
 

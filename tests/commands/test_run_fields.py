@@ -117,7 +117,7 @@ def test_a_plain_line_with_a_typo_of_a_parameter_stops_before_anything_runs(
     assert (info.value.path, info.value.line, info.value.field) == (str(source), 2, key)
     assert f'did you mean "{near}"' in str(info.value) and "Fix:" in str(info.value)
     code, out, err = run_cli(capsys, "run", str(DEMO), "--input", str(source), "-o", str(output))
-    assert code == 1 and out == "" and f"in.jsonl:2: " in err and near in err
+    assert code == 1 and out == "" and "in.jsonl:2: " in err and near in err
     assert not output.exists()
 
 

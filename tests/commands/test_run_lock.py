@@ -88,7 +88,7 @@ def test_an_output_another_run_writes_is_refused(
     assert isinstance(info.value, OutputError) and info.value.fix
     assert info.value.path == str(held) and "another codeferry run" in str(info.value)
     # on the command line: one line, exit 1, the output left as the other run has it
-    code = cli.main(["run", "--input", str(PROMPTS), "--output", str(held)])
+    code = cli.main(["run", str(DEMO), "--input", str(PROMPTS), "--output", str(held)])
     out, err = capsys.readouterr()
     assert (code, out) == (1, "")
     assert err.startswith("codeferry: error: ") and err.count("\n") == 1

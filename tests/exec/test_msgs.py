@@ -40,7 +40,7 @@ def test_run_with_forkserver_workers(tmp_path: Path, capsys: pytest.CaptureFixtu
     prompts = tmp_path / "in.txt"
     prompts.write_text("hello\nworld\n")
     output = tmp_path / "out.jsonl"
-    code, _, err = run_cli(capsys, "run", "--input", str(prompts), "-o", str(output),
+    code, _, err = run_cli(capsys, "run", DEMO, "--input", str(prompts), "-o", str(output),
                            "--start-method", "forkserver", "--workers", "1")
     assert code == 0, err
     rows = [json.loads(line) for line in output.read_text().splitlines()]

@@ -88,18 +88,19 @@ def _with(errors: list[Outcome], found: Iterator[Outcome], sent: list[int]) -> I
 
 def drain(outcomes: Iterator[Outcome], remaining: list[InputItem], task: Task, sink: Sink,
           bar: Progress, result: RunResult, size: int, model: str,
-          spill: Spill | None = None, kept: dict[Id, Kept] | None = None) -> None:
+          spill: Spill | None = None) -> None:
     """Write outcomes (any order) in input order, each as soon as those before it are out.
 
-    A line that must wait for an earlier one is kept in ``spill`` meanwhile (``spill``), so
-    an interrupt loses no finished result; ``kept``: the lines an earlier run kept, written
+    A line that must wait for an earlier one is kept in ``spill`` meanwhile, so an interrupt
+    loses no finished result; the lines an earlier run kept there (its ``kept``) are written
     in their places, not computed again (``outcomes`` is not given them). A fault of the
     machine at input k stops the run: what comes before k is still written as it arrives,
     nothing from k on; then ``RunStoppedError``.
     """
     waiting: dict[int, tuple[bytes, bool]] = {}
+    kept = spill.kept if spill is not None else {}
     for n, item in enumerate(remaining):
-        if kept and item.id in kept:
+        if item.id in kept:
             found = kept[item.id]
             waiting[n] = (found.line, found.failed)
             result.prompt_tokens += found.prompt_tokens

@@ -105,14 +105,16 @@ def _flat(producer: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_record(output: Path, producer: dict[str, Any], items: Sequence[InputItem],
-                 written: set[Id], force: bool, pending: Sequence[str] = ()
-                 ) -> dict[str, Any] | None:
+                 written: set[Id], force: bool, pending: Sequence[str] = (),
+                 unused: Sequence[str] = ()) -> dict[str, Any] | None:
     """The record to write before the first line (``None``: the one there is right).
 
     ``written``: the ids the output holds already. Raises ``ResumeMismatchError`` (or its
     ``InputChangedError``, ``ResumeUncheckedError``) when they cannot be resumed, unless
     ``force``. ``pending``: options not known yet (the engine of ``auto``, until the workers
     start); the record's own values stand for them, and the caller checks again once known.
+    ``unused``: options no written line depended on (the chat template while no chat line
+    is written): another value now is no mismatch.
     """
     path = record_path(output)
     recorded: Any = None
@@ -152,7 +154,7 @@ def check_record(output: Path, producer: dict[str, Any], items: Sequence[InputIt
     # both ways: an option the record has and this run lacks (an engine, sampling defaults)
     keys = [*now, *(key for key in before if key not in now)]
     differences = {key: (before.get(key), now.get(key)) for key in keys
-                   if before.get(key) != now.get(key)}
+                   if before.get(key) != now.get(key) and key not in unused}
     earlier = recorded.get("earlier")
     earlier = earlier if isinstance(earlier, list) else []
     if differences:

@@ -39,7 +39,7 @@ from .._exec.layout import cpus, devices, layout
 from .._exec.options import WorkerOptions
 from .._exec.plan import Plan, prepare
 from .._trust.options import ModelOptions
-from ..errors import CodeferryError
+from ..errors import CodeferryError, HubDownloadError
 from .command import Commands, add_command, demo, model_options, worker_options
 from .drain import drain, outcomes
 from .flags import (
@@ -52,11 +52,20 @@ from .flags import (
 from .inputs import TASKS, Id, InputItem, Task, read_inputs
 from .keywords import RUN_KEYWORDS, RunOptions, options_of, too_small
 from .output import Existing, Sink, lock_path
-from .preflight import check_chat_template, checked_flags, paths, read_template, refused
+from .preflight import (
+    check_chat_template,
+    check_model_files,
+    checked_flags,
+    engine_options,
+    paths,
+    read_template,
+    refused,
+    unknown_model,
+)
 from .progress import Progress
 from .record import check_record, producer, record_path, write_record, write_summary
 from .result import RunResult
-from .spill import Kept, Spill
+from .spill import Spill
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -113,8 +122,10 @@ def run(
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
     if too_small(workers=workers.workers, batch_size=workers.batch_size,
-                 max_model_len=options.get("max_model_len")):
-        raise ValueError("workers, batch_size and max_model_len must be at least 1")
+                 max_model_len=options.get("max_model_len"),
+                 max_batch_tokens=workers.max_batch_tokens):
+        raise ValueError("workers, batch_size, max_batch_tokens and max_model_len must be at "
+                         "least 1")
     return run_with(model, input_path, output, task, params, models, workers,
                     RunOptions.of(options))
 
@@ -156,10 +167,9 @@ class _Opened:
     pending: tuple[str, ...] = ()
     #: Whether the workers answered: a run stopped from then on is summarized too.
     started: bool = False
-    #: Where finished results wait to be written (``None``: stdout or a stream), and those
-    #: an earlier run kept there, by id.
+    #: Where finished results wait to be written (``None``: stdout or a stream), with those
+    #: an earlier run kept there (its ``kept``).
     spill: Spill | None = None
-    kept: dict[Id, Kept] = field(default_factory=dict)
 
     @property
     def checked(self) -> bool:
@@ -239,8 +249,15 @@ def _plan(model: str | os.PathLike[str], inputs: _Inputs, models: ModelOptions,
     """The model, its code, the trust decision, the device and dtype, decided once, before
     the output is opened: the executor takes the plan as it is. Chat inputs need a chat
     template: the model's, or ``--chat-template``'s."""
-    plan = prepare(model, models, tasks=(inputs.task,), device=workers.device,
-                   dtype=workers.dtype, demo=True, local_device=workers.backend == "local")
+    try:
+        plan = prepare(model, models, tasks=(inputs.task,), device=workers.device,
+                       dtype=workers.dtype, demo=True, local_device=workers.backend == "local")
+    except HubDownloadError as exc:
+        better = unknown_model(model, models.cache_dir, exc)
+        if better is exc:
+            raise
+        raise better from exc
+    check_model_files(plan.weights.root)
     check_chat_template(plan.weights.root, inputs.items, inputs.template, inputs.path)
     return plan
 
@@ -269,7 +286,7 @@ def _open(output: str | os.PathLike[str] | None, plan: Plan, inputs: _Inputs,
         try:
             made = _producer(plan, inputs, None if pending else engine)
             record = check_record(path, made, inputs.items, state.ids, options.force_resume,
-                                  pending=pending)
+                                  pending=pending, unused=_unused(inputs, state))
             spill = Spill(path, made, inputs.items)
             sink.repair(state)
         except BaseException:
@@ -281,9 +298,18 @@ def _open(output: str | os.PathLike[str] | None, plan: Plan, inputs: _Inputs,
                        failed=state.failed - len(retried),
                        output=None if path is None else str(path))
     remaining = [item for item in inputs.items if item.id not in done]
-    kept = spill.read({item.id for item in remaining}) if spill is not None else {}
+    if spill is not None:
+        spill.read({item.id for item in remaining})
     return _Opened(path, sink, state, record, engine, retried, result, remaining, pending,
-                   spill=spill, kept=kept)
+                   spill=spill)
+
+
+def _unused(inputs: _Inputs, state: Existing) -> tuple[str, ...]:
+    """The options no written line depended on: the chat template while the output holds
+    no chat line (so ``--chat-template``, the fix of a run stopped at its first chat line,
+    resumes it)."""
+    chats = any(i.id in state.ids and i.request and i.request.messages for i in inputs.items)
+    return () if chats else ("chat_template",)
 
 
 def _workers(plan: Plan, workers: WorkerOptions, engine: str) -> int:
@@ -341,7 +367,8 @@ def _drain(executor: Executor, plan: Plan, inputs: _Inputs, opened: _Opened,
         ran = {i.get("engine", "transformers") for i in executor.worker_info}
         late = check_record(path, _producer(plan, inputs, "vllm" if "vllm" in ran
                                             else "transformers"),
-                            inputs.items, opened.state.ids, inputs.options.force_resume)
+                            inputs.items, opened.state.ids, inputs.options.force_resume,
+                            unused=_unused(inputs, opened.state))
         if late is not None:
             write_record(path, late)
     if opened.retried:
@@ -356,9 +383,9 @@ def _drain(executor: Executor, plan: Plan, inputs: _Inputs, opened: _Opened,
     opened.started = True
     found = outcomes(executor, inputs.task, opened.remaining, workers.batch_size,
                      inputs.defaults, inputs.options.pooling, inputs.template,
-                     inputs.refused, opened.kept)
+                     inputs.refused, opened.spill.kept if opened.spill else ())
     drain(found, opened.remaining, inputs.task, sink, bar, opened.result, size,
-          plan.weights.name, opened.spill, opened.kept)
+          plan.weights.name, opened.spill)
 
 
 def _summarize(opened: _Opened, err: TextIO) -> None:
@@ -393,6 +420,7 @@ def run_command(args: argparse.Namespace) -> int:
     """
     params = checked_flags(args)
     inputs, output = paths(args)
+    args.engine_options = engine_options(args.engine_option)
     # The workers' "Loading weights" bars would garble ours (and clutter logs).
     _settings.quiet_hub_progress()
     try:
@@ -419,7 +447,10 @@ def register(sub: Commands) -> None:
     add_worker_flags(command, workers_help="worker processes (default: 2 on CPU, 1 on a 1-core "
                      "machine, one per GPU; never more than batches)")
     command.add_argument("--batch-size", type=int, metavar="B",
-                         help="inputs per batch (default: 8, fewer to give every worker a batch)")
+                         help="inputs per batch (default: batches of --max-batch-tokens)")
+    command.add_argument("--max-batch-tokens", type=int, metavar="T",
+                         help="padded tokens per batch, rows x longest (default: 2048 on CPU, "
+                         "16384 on an accelerator)")
     command.add_argument("--max-new-tokens", "--max-tokens", type=int, metavar="K",
                          help="most tokens to generate per input (--task generate; default: the "
                          "model's generation_config, else 16)")
@@ -451,6 +482,11 @@ def register(sub: Commands) -> None:
                          "is installed and runs the model, the model's transformers code "
                          "otherwise, the reason printed), transformers, or vllm (a model vLLM "
                          "cannot run fails at start-up); see docs/executor.md")
+    command.add_argument("--engine-option", action="append", metavar="KEY=VALUE",
+                         help="a keyword of vllm.LLM for the vLLM engine, repeatable; VALUE is "
+                         "read as JSON where it parses (0.5, false, {...}), else as a string")
+    command.add_argument("--no-progress", dest="progress", action="store_false", default=None,
+                         help="no progress bar, even on a terminal")
     add_sampling_flags(command)
     add_sandbox_flag(command)
     add_common_flags(command)

@@ -57,9 +57,16 @@ class Spill:
         self.digests = input_digests(items)
         self.fd: int | None = None
         self.unsynced = False
+        #: What ``read`` found: the kept results this run writes without computing them.
+        self.kept: dict[Id, Kept] = {}
 
     def read(self, wanted: set[Id]) -> dict[Id, Kept]:
-        """The kept results of the ids in ``wanted`` that this run would compute alike."""
+        """The kept results of the ids in ``wanted`` that this run would compute alike (also
+        ``self.kept``)."""
+        self.kept = self._read(wanted)
+        return self.kept
+
+    def _read(self, wanted: set[Id]) -> dict[Id, Kept]:
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
