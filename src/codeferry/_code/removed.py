@@ -11,11 +11,12 @@ model gets (a shim, or "needs transformers <= X") before anything runs.
 from __future__ import annotations
 
 import ast
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
 
 __all__ = ["Removed", "Use", "IMPORTS", "ATTRIBUTES", "CONFIG_DEFAULTS", "scan", "installed",
-           "applies", "remedy"]
+           "applies", "remedy", "uses_in", "to_json", "render"]
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,8 @@ def _r(name: str, last: str, first: str, shim: bool = True) -> Removed:
 
 #: ``from module import name`` the installed release may lack: (module, name) -> entry.
 IMPORTS: dict[tuple[str, str], Removed] = {
-    (m, n): _r(f"{m}.{n}", last, first, shim) for m, n, last, first, shim in (
+    (m, n): _r(f"{m}.{n}" + (" (legacy methods)" if n == "DynamicCache" else ""), last, first,
+               shim) for m, n, last, first, shim in (
         ("transformers.modeling_attn_mask_utils", "_expand_mask", "-", "4.35", True),
         ("transformers.modeling_attn_mask_utils", "_make_causal_mask", "-", "4.35", True),
         ("transformers.models.llama.modeling_llama", "_expand_mask", "4.36", "4.47", True),
@@ -188,3 +190,43 @@ def remedy(removed: Removed) -> str:
     if removed.last_with == "-":
         return "fails on every release checked"
     return f"needs transformers <= {removed.last_with}"
+
+
+def uses_in(contents: Mapping[tuple[str | None, str], bytes]) -> list[tuple[str, Use]]:
+    """``(file, use)`` of every removed name the Python files of ``contents`` use (a
+    bundle's exact bytes; a cross-repo file is named ``repo--path``)."""
+    found: list[tuple[str, Use]] = []
+    for (repo, path), data in sorted(contents.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
+        if path.endswith(".py"):
+            name = f"{repo}--{path}" if repo else path
+            found.extend((name, use) for use in scan(data))
+    return found
+
+
+def _gets(removed: Removed, version: str | None) -> str:
+    return remedy(removed) if applies(removed, version) else "transformers' own"
+
+
+def to_json(found: list[tuple[str, Use]], version: str | None) -> list[dict[str, object]]:
+    """``inspect --json``'s ``removed_names``: one entry per use."""
+    return [{"file": path, "line": use.line, "name": use.removed.name,
+             "last_with": use.removed.last_with, "first_without": use.removed.first_without,
+             "gets": _gets(use.removed, version)} for path, use in found]
+
+
+def render(found: list[tuple[str, Use]], version: str | None) -> str:
+    """The ``transformers names`` section of ``inspect`` and ``doctor`` (nothing when the code
+    uses none): each removed name, what the code gets on the installed release, its uses."""
+    if not found:
+        return ""
+    by_name: dict[Removed, list[str]] = {}
+    for path, use in found:
+        by_name.setdefault(use.removed, []).append(f"{path}:{use.line}")
+    out = [f"transformers names later releases removed (installed: {version or 'none'})"]
+    width = max(len(r.name) for r in by_name)
+    for removed, places in sorted(by_name.items(), key=lambda kv: kv[0].name):
+        span = (f"gone in {removed.first_without}" if removed.last_with == "-" else
+                f"in {removed.last_with}, gone in {removed.first_without}")
+        out.append(f"  {removed.name:<{width}}  {_gets(removed, version)}  ({span})")
+        out.extend(f"      {place}" for place in places)
+    return "\n".join(out) + "\n"

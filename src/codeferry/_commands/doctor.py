@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from .._code import removed
 from .._exec.engines.base import Rpc
 from .._exec.files import missing_tokenizer
 from .._exec.options import WorkerOptions
@@ -82,6 +83,8 @@ class DoctorReport:
     digest: str
     start_method: str
     workers: list[WorkerReport]
+    #: Names later transformers releases removed that the code uses (``_code.removed``).
+    removed: list[tuple[str, removed.Use]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -89,7 +92,8 @@ class DoctorReport:
 
     def to_json(self) -> dict[str, Any]:
         return {"model": self.model, "digest": self.digest, "start_method": self.start_method,
-                "ok": self.ok, "workers": [w.to_json() for w in self.workers]}
+                "ok": self.ok, "workers": [w.to_json() for w in self.workers],
+                "removed_names": removed.to_json(self.removed, removed.installed())}
 
 
 def doctor_checks(worker: Any, config_bytes: bytes) -> dict[str, Any]:
@@ -278,7 +282,8 @@ def doctor_with(model: str, options: ModelOptions, places: WorkerOptions,
             channel.stop(5.0)
         transport.close()
     how = "ray" if backend == "ray" else start_method
-    return DoctorReport(bundle.origin.name, bundle.digest, how, list(reports.values()))
+    return DoctorReport(bundle.origin.name, bundle.digest, how, list(reports.values()),
+                        removed.uses_in(bundle.contents))
 
 
 def render_doctor(report: DoctorReport) -> str:
@@ -310,8 +315,9 @@ def render_doctor(report: DoctorReport) -> str:
             lines.append(f"  worker {w.worker}  FAILED {kind}: {err}")
             if isinstance(err, CodeferryError) is False and err is not None and err.__cause__:
                 lines.append("    " + str(err.__cause__).strip().splitlines()[-1])
+    lines.append(removed.render(report.removed, removed.installed()).rstrip("\n"))
     lines.append("ok" if report.ok else "FAILED")
-    return "\n".join(lines) + "\n"
+    return "\n".join(line for line in lines if line) + "\n"
 
 
 def doctor_command(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .._code import removed
 from .command import Commands, UsageError, add_command, bundle, show
 from .flags import add_common_flags
 from .render import inspected, render_dot, write_graph
@@ -23,7 +24,10 @@ def inspect_command(args: argparse.Namespace) -> int:
             write_graph(Path(args.graph), render_dot(code))
         except ValueError as exc:
             raise UsageError(f"--graph {args.graph}: {exc}") from None
-    show(args, *inspected(code))
+    data, text = inspected(code)
+    found, version = removed.uses_in(code.contents), removed.installed()
+    data["removed_names"] = removed.to_json(found, version)  # names later releases removed
+    show(args, data, text + removed.render(found, version))
     return 1 if code.blocking else 0
 
 

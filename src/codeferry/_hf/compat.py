@@ -329,7 +329,7 @@ _METHODS: dict[str, Any] = {
 
 
 def _no_default_cache(cls: type) -> bool:
-    """transformers 4's answer for a class without ``_supports_cache_class``: no
+    """transformers 4's answer for a class that does not declare it takes Cache objects: no
     ``DynamicCache`` made by ``generate``; the code's own tuples of tensors instead."""
     return False
 

@@ -1,0 +1,110 @@
+"""``inspect`` and ``doctor`` say which transformers names a model's code uses that later
+releases removed, with file and line, read statically, and what the code gets here: a shim,
+or the last release that has the name.
+
+The models are the corpus's ``headmask`` reproduction (shimmed names only) and a copy of it that
+also imports ``DisjunctiveConstraint`` (transformers_stream_generator's pattern), which
+transformers 5 removed and no shim covers.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import codeferry
+from codeferry._code.removed import IMPORTS, applies, installed, scan
+
+CORPUS = Path(__file__).resolve().parents[1] / "corpus" / "models"
+
+
+def _codeferry(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "codeferry", *args], capture_output=True,
+                          text=True, timeout=300, check=False)
+
+
+@pytest.fixture(scope="module")
+def headmask(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("report") / "headmask"
+    shutil.copytree(CORPUS / "headmask", folder)
+    demo = Path(codeferry.__file__).parent / "demo"
+    for name in ("tokenization_charlm.py", "tokenizer_config.json", "vocab.json"):
+        shutil.copy(demo / name, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def constrained(headmask: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("report") / "constrained"
+    shutil.copytree(headmask, folder)
+    path = folder / "modeling_headmask.py"
+    path.write_text(path.read_text().replace(
+        "from transformers.utils import logging\n",
+        "from transformers.utils import logging\n"
+        "from transformers.generation import DisjunctiveConstraint\n"))
+    return folder
+
+
+def test_scan_reads_the_patterns_with_their_lines() -> None:
+    source = (CORPUS / "legacycache" / "modeling_legacycache.py").read_text()
+    lines = source.splitlines()
+    found = {use.removed.name: use.line for use in scan(source)}
+    assert "from_legacy_cache" in lines[found["DynamicCache.from_legacy_cache"] - 1]
+    assert "is_torch_fx_available" in lines[found["transformers.utils.is_torch_fx_available"] - 1]
+    assert "seen_tokens" in lines[found["DynamicCache.seen_tokens"] - 1]
+    # a config attribute counts where a config is read, not on any object
+    assert not scan("x.max_length\nself.max_length = 3\n")
+    assert [u.removed.name for u in scan("y = self.config.max_length\n")] == [
+        "PretrainedConfig.max_length"]
+
+
+def test_the_table_is_true_of_the_installed_release() -> None:
+    """Every import the table says the installed release lacks is really missing from it."""
+    import importlib
+
+    version = installed()
+    for (module, name), removed in IMPORTS.items():
+        if not applies(removed, version) or name == "DynamicCache":
+            continue
+        try:
+            present = hasattr(importlib.import_module(module), name)
+        except ImportError:
+            present = False
+        assert not present, removed.name
+
+
+def test_inspect_names_each_removed_name_and_what_it_gets(headmask: Path, constrained: Path) -> None:
+    done = _codeferry("inspect", str(headmask))
+    assert done.returncode == 0, done.stderr
+    text = done.stdout.split("transformers names later releases removed")[1]
+    assert "PreTrainedModel.get_head_mask" in text and "shim" in text
+    assert "modeling_headmask.py:108" in text  # the get_head_mask call
+    assert "(no post_init)" in text and "PretrainedConfig.max_length" in text
+
+    done = _codeferry("inspect", str(constrained), "--json")
+    assert done.returncode == 1  # blocking: nothing serves the name
+    data = json.loads(done.stdout)
+    entry = next(e for e in data["removed_names"]
+                 if e["name"] == "transformers.generation.DisjunctiveConstraint")
+    assert entry == {"file": "modeling_headmask.py", "line": 17,
+                     "name": "transformers.generation.DisjunctiveConstraint",
+                     "last_with": "4.57", "first_without": "5.0",
+                     "gets": "needs transformers <= 4.57"}
+    problem = next(p for p in data["problems"] if "DisjunctiveConstraint" in json.dumps(p))
+    assert "transformers <= 4.57" in json.dumps(problem)
+    assert {"name": "PreTrainedModel.get_head_mask", "gets": "shim"}.items() <= next(
+        e for e in data["removed_names"] if e["name"] == "PreTrainedModel.get_head_mask").items()
+
+
+def test_doctor_says_it_too(headmask: Path) -> None:
+    done = _codeferry("doctor", str(headmask), "--trust-remote-code", "--workers", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    section = done.stdout.split("transformers names later releases removed")[1]
+    assert "PreTrainedModel.get_head_mask" in section and "shim" in section
+    assert "modeling_headmask.py:108" in section
+    assert done.stdout.rstrip().endswith("ok")
