@@ -188,27 +188,27 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         ("CODEFERRY_SANDBOX",),
         "off",
-        "`1`: every process that runs model code runs in the box, as `--sandbox` (`run`, `exec`) and `Executor(sandbox=True)` ask; see the security page",
+        "`1`: model code runs in the box, as `--sandbox` (`run`, `exec`) asks (security page)",
     ),
     Setting(
         ("CODEFERRY_SANDBOX_LANDLOCK",),
         "on",
-        "`0` acts as a kernel without Landlock: asking for the box then fails, typed (`SandboxUnavailableError`), as it would there",
+        "`0` acts as a kernel without Landlock: the box then fails, typed",
     ),
     Setting(
         ("CODEFERRY_SANDBOX_READ", "CODEFERRY_SANDBOX_WRITE"),
         "none",
-        "more folders the box lets model code read, or read and write (`os.pathsep`-separated)",
+        "more folders the box lets code read, or write (`os.pathsep`-separated)",
     ),
     Setting(
         ("CODEFERRY_SANDBOX_PORTS",),
         "none",
-        "TCP ports (comma-separated) the box lets model code bind and connect to, such as a distributed init's on loopback",
+        "TCP ports (comma-separated) the box lets code bind and connect to",
     ),
     Setting(
         ("CODEFERRY_SANDBOX_KEEP",),
         "none",
-        "credential variables (comma-separated names) the box keeps; every other one named like a token, key, secret, password or credential is removed",
+        "credential variables (comma-separated) the box keeps",
     ),
     Setting(
         ("HF_TOKEN",),

@@ -163,3 +163,11 @@ def write_script(folder: Path, home: Path, model: Path) -> Path:
     path = folder / "hostile_script.py"
     path.write_text(SCRIPT.format(home=str(home), control="", model=str(model)))
     return path
+
+
+def write_uncaught(folder: Path, home: Path, model: Path) -> Path:
+    """A script whose one attempt (``argv[2]``, port ``argv[1]``) is left uncaught."""
+    path = folder / "uncaught.py"
+    path.write_text((ATTEMPT + "\nimport sys\n_attempt(sys.argv[2], int(sys.argv[1]))\n").format(
+        home=str(home), control="", model=str(model)))
+    return path

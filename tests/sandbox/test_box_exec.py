@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _hostile import ATTEMPTS, listener, plant_home, write_hostile, write_script
+from _hostile import ATTEMPTS, listener, plant_home, write_hostile, write_script, write_uncaught
 
 
 @pytest.fixture(scope="module")
@@ -106,3 +106,28 @@ def test_a_kernel_without_landlock_runs_nothing(tmp_path: Path, home: Path) -> N
     assert "SandboxUnavailableError" in done.stderr or "sandbox cannot be built" in done.stderr
     assert os.uname().release in done.stderr and "Fix:" in done.stderr
     assert not ran.exists()
+
+
+#: What the typed error names for each attempt: its operation, and a piece of its target.
+NAMED = {
+    "ssh_key": "open .../.ssh/id_rsa", "hub_token": "open .../huggingface/token",
+    "env_token": "credential HF_TOKEN", "connect_local": "connect ('127.0.0.1'",
+    "connect_metadata": "connect ('169.254.169.254', 80)", "udp": "socket AF_INET, SOCK_DGRAM",
+    "write_bashrc": "open .../.bashrc", "write_model": "open .../planted.txt",
+    "shell": "exec sh", "signal_parent": "kill pid",
+}
+
+
+@pytest.mark.parametrize("attempt", ATTEMPTS)
+def test_an_uncaught_refusal_is_told_typed(tmp_path: Path, home: Path, hostile: Path,
+                                           port: int, attempt: str) -> None:
+    """The boot of each boxed process tells a refusal nobody caught as
+    ``SandboxRefusedError``, naming the operation and the path or address."""
+    script = write_uncaught(tmp_path, home, hostile)
+    done = _exec(["--sandbox"], [sys.executable, str(script), str(port), attempt], tmp_path,
+                 home)
+    assert done.returncode == 1
+    told = done.stderr.strip().splitlines()[-1]
+    assert told.startswith("codeferry.errors.SandboxRefusedError: "), told
+    head, _, tail = NAMED[attempt].partition("...")
+    assert head in told and tail in told, told

@@ -4,8 +4,8 @@ and a refused access named when it surfaces as the model's own ``PermissionError
 ``enter`` fails closed: a kernel without Landlock (or below the ABI the box needs), an
 architecture without a socket filter, a thread already running beside the caller (Landlock
 before ABI 8 restricts only the calling thread and those it starts) or any call that fails
-raises ``SandboxUnavailableError`` before any model code runs; nothing is half applied
-that the caller could mistake for a box, since ``restrict_self`` is the last step.
+raises ``SandboxUnavailableError`` before any model code runs, and the process that raised
+runs none after (a worker reports it and ends).
 
 Refusals are the kernel's (``EACCES``/``EPERM``); which operation and target the model tried
 is read from the error where it names a file, else from the last operation this thread
@@ -16,11 +16,9 @@ kernel decides.
 from __future__ import annotations
 
 import atexit
-import errno
 import os
 import platform
 import shutil
-import socket
 import sys
 import tempfile
 import threading
@@ -28,18 +26,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from .. import _settings
-from ..errors import (
-    SandboxRefusedError,
-    SandboxUnavailableError,
-    StoreCorruptError,
-    StorePermissionError,
-    StoreUnavailableError,
-)
-from . import landlock, seccomp
+from ..errors import SandboxUnavailableError
+from . import landlock, report, seccomp
 from .policy import Policy, Request, build_policy, is_credential, scrubbed
 
-__all__ = ["NEEDED_ABI", "active", "check_available", "enter", "enter_for_command", "enter_policy", "policy_for",
-           "refusal", "request_from_settings"]
+__all__ = ["NEEDED_ABI", "active", "check_available", "enter", "enter_for_command",
+           "enter_policy", "policy_for", "refusal", "request_from_settings"]
 
 #: Landlock ABI 6: filesystem rights, TCP bind/connect (4), signal and abstract-socket scopes.
 NEEDED_ABI = 6
@@ -48,10 +40,6 @@ _WRITE = tuple(n for n in landlock.FS if n != "execute")
 _FIX = ("run on Linux 6.12 or later with Landlock enabled (`lsm=...,landlock` on the kernel "
         "command line; `cat /sys/kernel/security/lsm` lists it), or run without the box "
         "(no --sandbox, CODEFERRY_SANDBOX unset) if you trust this code.")
-#: codeferry's own errors about the machine (its store), kept as they are: faults of the
-#: machine, not the model's doing.
-_OWN = (StoreUnavailableError, StorePermissionError, StoreCorruptError)
-_state = threading.local()
 _entered: list[Policy] = []
 
 
@@ -148,7 +136,7 @@ def enter_policy(policy: Policy) -> None:
     tempfile.tempdir = policy.scratch
     atexit.register(shutil.rmtree, policy.scratch, True)
     _entered.append(policy)
-    sys.addaudithook(_audit)
+    sys.addaudithook(report.audit)
 
 
 def enter(request: Request, model_paths: Iterable[str]) -> Policy:
@@ -159,92 +147,10 @@ def enter(request: Request, model_paths: Iterable[str]) -> Policy:
     return policy
 
 
-#: The audited operations whose refusal names no file (``OSError.filename``), and the
-#: programs started (whose refusal names the program): what ``refusal`` cannot read from
-#: the error itself. Opens are not recorded: their errors name the file.
-_EVENTS = {
-    "os.kill": ("kill", 0), "os.killpg": ("kill", 0), "os.system": ("exec", 0),
-    "os.exec": ("exec", 0), "os.posix_spawn": ("exec", 0), "subprocess.Popen": ("exec", 1),
-    "socket.connect": ("connect", 1), "socket.bind": ("bind", 1),
-    "socket.sendto": ("sendto", 1), "socket.__new__": ("socket", 1),
-}
-
-
-def _name(kind: Any, value: Any) -> str:
-    try:
-        return str(kind(value).name)
-    except ValueError:
-        return str(value)
-
-
-def _audit(event: str, args: tuple[Any, ...]) -> None:
-    found = _EVENTS.get(event)
-    if found is None:
-        return
-    operation, index = found
-    if event == "socket.__new__":
-        target = f"{_name(socket.AddressFamily, args[1])}, {_name(socket.SocketKind, args[2])}"
-    elif event == "os.kill" and len(args) > 1:
-        target = f"pid {args[0]} (signal {args[1]})"
-    else:
-        target = repr(args[index]) if len(args) > index and not isinstance(args[index], str) \
-            else str(args[index]) if len(args) > index else ""
-    _state.last = (operation, target)
-
-
-def _removed_credential(exc: BaseException) -> str | None:
-    """The credential a ``KeyError`` asked the environment for, when the box removed it."""
-    current: BaseException | None = exc
-    for _ in range(16):
-        if current is None:
-            return None
-        if isinstance(current, KeyError) and current.args and isinstance(current.args[0], str) \
-                and is_credential(current.args[0], _entered[0].keep):
-            return current.args[0]
-        current = current.__cause__ or current.__context__
-    return None
-
-
-def _denied(exc: BaseException) -> OSError | None:
-    seen = 0
-    current: BaseException | None = exc
-    while current is not None and seen < 16:
-        if isinstance(current, OSError) and current.errno in (errno.EACCES, errno.EPERM):
-            return current
-        current = current.__cause__ or current.__context__
-        seen += 1
-    return None
-
-
 def refusal(exc: BaseException) -> BaseException:
-    """``exc`` as a ``SandboxRefusedError`` naming the operation and target when it (or its
-    cause) is an access the box refused in this process; else ``exc`` itself."""
-    if not _entered or isinstance(exc, (SandboxRefusedError, *_OWN)):
-        return exc
-    removed = _removed_credential(exc)
-    if removed is not None:
-        error = SandboxRefusedError(
-            f"the sandbox removed the credential {removed} from the environment (the model's "
-            f"code raised {type(exc).__name__}: {exc})", operation="environ", target=removed,
-            fix=f"set CODEFERRY_SANDBOX_KEEP={removed} if this code must have it.")
-        error.__cause__ = exc
-        return error
-    denied = _denied(exc)
-    if denied is None:
-        return exc
-    operation, target = getattr(_state, "last", ("", ""))
-    if denied.filename is not None:
-        operation = "exec" if operation == "exec" and str(denied.filename) in target else "open"
-        target = str(denied.filename)
-    error = SandboxRefusedError(
-        f"the sandbox refused {operation or 'an access'} {target}: {denied.strerror or denied}"
-        f" (the model's code raised {type(exc).__name__}: {exc})",
-        operation=operation, target=target, path=target if denied.filename else None,
-        fix="the model's code tried what the box does not allow; if it must, allow it "
-        "(CODEFERRY_SANDBOX_READ, _WRITE, _PORTS, _KEEP), or run without the box only if you "
-        "trust this code.")
-    error.__cause__ = exc
-    return error
+    """``exc`` as a ``SandboxRefusedError`` naming what the box refused, when this process
+    entered the box (``report.refusal``); else ``exc`` itself."""
+    return report.refusal(exc, keep=_entered[0].keep) if _entered else exc
 
 
 def enter_for_command(command: list[str], environment: dict[str, str]) -> dict[str, str]:
@@ -263,7 +169,9 @@ def enter_for_command(command: list[str], environment: dict[str, str]) -> dict[s
     if shebang is not None:  # a script: the kernel starts its interpreter
         policy = policy.__class__(**{**policy.__dict__, "execute": (*policy.execute, shebang)})
     enter_policy(policy)
-    return {**scrubbed(environment, policy.keep), "TMPDIR": policy.scratch}
+    # CODEFERRY_SANDBOX: the boot tells refusals (``report.watch``); executors box workers.
+    return {**scrubbed(environment, policy.keep), "TMPDIR": policy.scratch,
+            "CODEFERRY_SANDBOX": "1"}
 
 
 def _shebang(path: str) -> str | None:

@@ -115,6 +115,8 @@ def _chain() -> None:
 
 
 _SETTINGS = _own("_codeferry_boot_settings", "_settings.py")  # CODEFERRY_INSTALL, CODEFERRY_LOCK
+if _SETTINGS.sandbox_switch():  # boxed by `codeferry exec --sandbox`: refusals told, typed
+    _own("_codeferry_boot_report", "_sandbox", "report.py").watch()
 if _SETTINGS.install_switch():
     _watch = _own("_codeferry_boot_watch", "_install", "watch.py")
     if not _watch.watching(_WATCHED):

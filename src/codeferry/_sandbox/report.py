@@ -1,0 +1,149 @@
+"""What a boxed process tried last, and its uncaught refusals told as ``SandboxRefusedError``.
+
+Standard library only, and codeferry imported only to tell a refusal: the boot of ``codeferry
+exec`` loads this file alone in every boxed Python process (importing the package would cost
+each one its imports). Python's audit events (``sys.addaudithook``) announce each socket
+operation, signal and program start before the system call; the kernel then refuses it or
+not. The refused call's ``OSError`` names no address or pid, so the last announced operation
+of the thread names it. Bookkeeping only: the kernel decides.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import sys
+import threading
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import TracebackType
+    from typing import Any
+
+_state = threading.local()
+#: The audited operations whose refusal names no file (``OSError.filename``), and the
+#: programs started (whose refusal names the program). Opens are not recorded: their errors
+#: name the file.
+_EVENTS = {
+    "os.kill": ("kill", 0), "os.killpg": ("kill", 0), "os.system": ("exec", 0),
+    "os.exec": ("exec", 0), "os.posix_spawn": ("exec", 0), "subprocess.Popen": ("exec", 1),
+    "socket.connect": ("connect", 1), "socket.bind": ("bind", 1),
+    "socket.sendto": ("sendto", 1), "socket.__new__": ("socket", 1),
+}
+
+
+def _name(kind: Any, value: Any) -> str:
+    try:
+        return str(kind(value).name)
+    except ValueError:
+        return str(value)
+
+
+def audit(event: str, args: tuple[Any, ...]) -> None:
+    """The audit hook: remember this thread's last operation of ``_EVENTS``."""
+    found = _EVENTS.get(event)
+    if found is None:
+        return
+    operation, index = found
+    if event == "socket.__new__":
+        target = f"{_name(socket.AddressFamily, args[1])}, {_name(socket.SocketKind, args[2])}"
+    elif event == "os.kill" and len(args) > 1:
+        target = f"pid {args[0]} (signal {args[1]})"
+    elif len(args) > index:
+        value = args[index]
+        target = value if isinstance(value, str) else repr(value)
+    else:
+        target = ""
+    _state.last = (operation, target)
+
+
+def last() -> tuple[str, str]:
+    """This thread's last announced ``(operation, target)``."""
+    found: tuple[str, str] = getattr(_state, "last", ("", ""))
+    return found
+
+
+def watch() -> None:
+    """In a process boxed before it started (``codeferry exec --sandbox``): record, and tell
+    an uncaught refusal as ``SandboxRefusedError`` (codeferry imported then, not before)."""
+    sys.addaudithook(audit)
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        told = value
+        try:
+            from codeferry._settings import sandbox_list
+
+            told = refusal(value, keep=sandbox_list("KEEP"))
+        except Exception:  # noqa: BLE001 - without codeferry, the error is told as it is
+            told = value
+        previous(type(told), told, tb)
+
+    sys.excepthook = hook
+
+
+def _removed_credential(exc: BaseException, keep: tuple[str, ...]) -> str | None:
+    """The credential a ``KeyError`` asked the environment for, which the box removed."""
+    from codeferry._sandbox.policy import is_credential
+
+    current: BaseException | None = exc
+    for _ in range(16):
+        if current is None:
+            return None
+        if isinstance(current, KeyError) and current.args and isinstance(current.args[0], str) \
+                and is_credential(current.args[0], keep):
+            return current.args[0]
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _denied(exc: BaseException) -> OSError | None:
+    current: BaseException | None = exc
+    for _ in range(16):
+        if current is None:
+            return None
+        if isinstance(current, OSError) and current.errno in (errno.EACCES, errno.EPERM):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def refusal(exc: BaseException, *, keep: tuple[str, ...] = ()) -> BaseException:
+    """In a boxed process: ``exc`` as a ``SandboxRefusedError`` naming the operation and
+    target when it (or its cause) is an access the box refused, or a credential it removed
+    (``keep``: those it kept); else ``exc`` itself. codeferry's own store errors keep their
+    type: faults of the machine, not the code's doing."""
+    from codeferry.errors import (
+        SandboxRefusedError,
+        StoreCorruptError,
+        StorePermissionError,
+        StoreUnavailableError,
+    )
+
+    if isinstance(exc, (SandboxRefusedError, StoreUnavailableError, StorePermissionError,
+                        StoreCorruptError)):
+        return exc
+    removed = _removed_credential(exc, keep)
+    if removed is not None:
+        error = SandboxRefusedError(
+            f"the sandbox removed the credential {removed} from the environment (the code "
+            f"raised {type(exc).__name__}: {exc})", operation="environ", target=removed,
+            fix=f"set CODEFERRY_SANDBOX_KEEP={removed} if this code must have it.")
+        error.__cause__ = exc
+        return error
+    denied = _denied(exc)
+    if denied is None:
+        return exc
+    operation, target = last()
+    if denied.filename is not None:
+        operation = "exec" if operation == "exec" and str(denied.filename) in target else "open"
+        target = str(denied.filename)
+    error = SandboxRefusedError(
+        f"the sandbox refused {operation or 'an access'} {target}: {denied.strerror or denied}"
+        f" (the code raised {type(exc).__name__}: {exc})",
+        operation=operation, target=target, path=target if denied.filename else None,
+        fix="the code tried what the box does not allow; if it must, allow it "
+        "(CODEFERRY_SANDBOX_READ, _WRITE, _PORTS, _KEEP), or run without the box only if you "
+        "trust this code.")
+    error.__cause__ = exc
+    return error
