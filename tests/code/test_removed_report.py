@@ -47,6 +47,9 @@ def constrained(headmask: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
         "from transformers.utils import logging\n",
         "from transformers.utils import logging\n"
         "from transformers.generation import DisjunctiveConstraint\n"))
+    path.write_text(path.read_text() + (
+        "\n\ndef update(self, outputs, model_kwargs):\n"
+        "    model_kwargs['past_key_values'] = self._extract_past_from_model_output(outputs)\n"))
     return folder
 
 
@@ -95,6 +98,8 @@ def test_inspect_names_each_removed_name_and_what_it_gets(headmask: Path, constr
                      "name": "transformers.generation.DisjunctiveConstraint",
                      "last_with": "4.57", "first_without": "5.0",
                      "gets": "needs transformers <= 4.57"}
+    chatglm = next(e for e in data["removed_names"] if "_extract_past" in e["name"])
+    assert chatglm["gets"] == "needs transformers <= 4.48" and chatglm["line"] > 17
     problem = next(p for p in data["problems"] if "DisjunctiveConstraint" in json.dumps(p))
     assert "transformers <= 4.57" in json.dumps(problem)
     assert {"name": "PreTrainedModel.get_head_mask", "gets": "shim"}.items() <= next(
