@@ -36,6 +36,7 @@ SCHEMA = {"x-guidance": {"whitespace_flexible": False}, "type": "object",
           "required": ["ok", "n"], "additionalProperties": False}
 CHOICES = ["red", "green", "blue"]
 REGEX = r"[a-z]{2,5}-[0-9]{1,3}"
+GRAMMAR = 'root ::= "x" ab ab "y"\nab ::= "a" | "b"'
 PROMPTS = ["hello", "a json: ", "x", "The answer is", "colour?", "0"]
 EOS = 1
 
@@ -157,7 +158,8 @@ def test_the_decode_loop_masks_as_generate_does(llama: tuple[Path, Any, Any]) ->
     _, model, tokenizer = llama
     constraints = [StructuredOutput("json", json.dumps(SCHEMA)),
                    StructuredOutput("choice", tuple(CHOICES)), None,
-                   StructuredOutput("regex", REGEX), StructuredOutput("json", json.dumps(SCHEMA))]
+                   StructuredOutput("regex", REGEX), StructuredOutput("json", json.dumps(SCHEMA)),
+                   StructuredOutput("grammar", GRAMMAR)]
     prompts = [tokenizer(p)["input_ids"] for p in PROMPTS[:len(constraints)]]
     options = [RowOptions(max_new_tokens=40, eos=(EOS,), structured=c) for c in constraints]
     got = decode(model, prompts, options, pad_token_id=EOS, max_rows=2, tokenizer=tokenizer)
@@ -172,6 +174,7 @@ def test_the_decode_loop_masks_as_generate_does(llama: tuple[Path, Any, Any]) ->
     texts = [tokenizer.decode(r, skip_special_tokens=True) for r in got]
     assert valid(json.loads(texts[0])) and valid(json.loads(texts[4]))
     assert texts[1] in CHOICES and re.fullmatch(REGEX, texts[3])
+    assert re.fullmatch("x[ab]{2}y", texts[5]), texts[5]  # the GBNF grammar's language
 
 
 def test_a_grammar_llguidance_refuses_and_a_missing_llguidance_are_typed(
