@@ -5,10 +5,10 @@ masked by it.
 The first part is pure (``params.SamplingParams`` holds the value; the parent checks it
 before anything is sent); llguidance and torch are imported only where a worker masks.
 A constraint (a JSON schema, any JSON object, a regular expression, a choice or a grammar)
-becomes an llguidance grammar, and every row of it gets
-its own matcher: before each token is picked, the tokens the grammar cannot take next are
-set to ``-inf`` (``mask``); the token picked then advances the matcher (``advance``). Once
-the grammar is complete the mask leaves only end-of-sequence, so the row ends there.
+becomes an llguidance grammar, and every row of it gets its own matcher: before each token
+is picked, the tokens the grammar cannot take next are set to ``-inf`` (``Mask.mask``); the
+token picked then advances the matcher (``Mask.advance``). Once the grammar is complete the
+mask leaves only end-of-sequence, so the row ends there.
 
 Why llguidance: measured against xgrammar and outlines-core on CPU with torch 2.13
 (``benchmarks/bench_structured.py``, ``docs/executor.md``), it compiles a schema in about a
@@ -48,7 +48,7 @@ def _error(name: str, message: str, fix: str) -> SamplingParamsError:
 #: The ``guided_*`` body fields (vLLM's servers before ``structured_outputs``), each the
 #: kind of ``StructuredOutput`` it asks for.
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
-           "guided_grammar": "grammar"}
+          "guided_grammar": "grammar"}
 #: The kinds of ``StructuredOutput``, as vLLM's ``StructuredOutputsParams`` names them.
 STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
 _SCHEMA_TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
