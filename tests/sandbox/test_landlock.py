@@ -133,3 +133,16 @@ def test_the_policy_never_grants_the_home_whole(tmp_path: Path) -> None:
 def test_the_interpreters_loader_is_found() -> None:
     loader = elf_interpreter(os.path.realpath(sys.executable))
     assert loader is not None and os.path.exists(loader) and "ld" in os.path.basename(loader)
+
+
+def test_the_users_own_folder_on_sys_path_is_not_granted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The current folder on ``sys.path`` (a project with its ``.env``) is left out; the
+    environment's folders are in."""
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.chdir(project)
+    monkeypatch.syspath_prepend(str(project))
+    policy = build_policy(Request(), model_paths=[], scratch=str(tmp_path), home="/nonexistent")
+    assert str(project) not in policy.read
+    assert os.path.realpath(sys.prefix) in policy.read

@@ -128,6 +128,18 @@ def _existing(paths: Iterable[str], home: str, *, guard: bool = True) -> tuple[s
     return tuple(out)
 
 
+def _library_path(prefixes: list[str]) -> list[str]:
+    """``sys.path`` without the user's own folders: the main script's folder and the current
+    one (``""``) are left out unless inside the environment (a project folder may hold a
+    ``.env``; what the process needed from there it imported before the box)."""
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    own = {os.path.realpath(os.path.dirname(main))} if main else set()
+    own.add(os.path.realpath(os.getcwd()))
+    inside = tuple(os.path.realpath(p).rstrip("/") + "/" for p in prefixes)
+    return [p for p in sys.path if p and (os.path.realpath(p) not in own
+                                          or (os.path.realpath(p) + "/").startswith(inside))]
+
+
 def build_policy(request: Request, *, model_paths: Iterable[str], scratch: str, home: str,
                  stores: Iterable[str] = ()) -> Policy:
     """The box for a process that runs the code in ``model_paths`` (folders or files, read
@@ -135,8 +147,8 @@ def build_policy(request: Request, *, model_paths: Iterable[str], scratch: str, 
     the store is content-addressed and verified on every read, so what boxed code writes
     there is refused by every reader); ``home`` is the home directory, never granted whole."""
     home = os.path.realpath(home)
-    environment = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-                   *sys.path, *_SYSTEM]
+    prefixes = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
+    environment = [*prefixes, *_library_path(prefixes), *_SYSTEM]
     proc = [f"/proc/{os.getpid()}/{name}" for name in _PROC_SELF]
     read = _existing([*environment, *model_paths, *proc, *_KERNEL, *_DEVICES_READ], home)
     read += _existing(request.read, home, guard=False)
