@@ -146,3 +146,34 @@ def test_the_users_own_folder_on_sys_path_is_not_granted(
     policy = build_policy(Request(), model_paths=[], scratch=str(tmp_path), home="/nonexistent")
     assert str(project) not in policy.read
     assert os.path.realpath(sys.prefix) in policy.read
+
+
+def test_the_scopes_refuse_signals_and_abstract_sockets_outside_the_box() -> None:
+    """Landlock's scopes (ABI 6): a signal to the parent and a connection to an abstract
+    Unix socket the parent listens on are refused; the child's own work goes on."""
+    out = _child("""
+        import os, socket
+        from codeferry._sandbox import landlock as L
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind("\\0codeferry-scope-test-%d" % os.getpid()); server.listen(1)
+        pid = os.fork()
+        if pid == 0:
+            abi = L.abi_version()
+            rs = L.Ruleset(abi, 0, 0, L.SCOPE_SIGNAL | L.SCOPE_ABSTRACT_UNIX)
+            L.no_new_privs(); rs.restrict_self()
+            found = []
+            try:
+                os.kill(os.getppid(), 0); found.append("signalled")
+            except PermissionError as e:
+                found.append(f"signal refused {e.errno}")
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                client.connect(server.getsockname()); found.append("connected")
+            except PermissionError as e:
+                found.append(f"connect refused {e.errno}")
+            os.kill(os.getpid(), 0)  # itself: inside the box
+            print("; ".join(found), flush=True)
+            os._exit(0)
+        os.waitpid(pid, 0)
+    """)
+    assert out == "signal refused 1; connect refused 1"

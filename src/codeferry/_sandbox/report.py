@@ -135,6 +135,9 @@ def refusal(exc: BaseException, *, keep: tuple[str, ...] = ()) -> BaseException:
     if denied is None:
         return exc
     operation, target = last()
+    _state.last = ("", "")  # told once: a later refusal is not named by this record
+    if denied.filename is None and (denied.errno == errno.EPERM) != (operation == "kill"):
+        operation, target = "", ""  # Landlock and the filter answer EACCES, signals EPERM
     if denied.filename is not None:
         operation = "exec" if operation == "exec" and str(denied.filename) in target else "open"
         target = str(denied.filename)
