@@ -51,6 +51,7 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
     "neutral": (line("neutral", CMPL, echo=False, logit_bias={}, tools=[], user="u1",
                      best_of=1, response_format={"type": "text"}), None),
     "same-model": (line("same-model", CMPL, model=str(DEMO)), None),
+    "served-name": (line("served-name", CMPL, model="my-served"), None),
     "image": (line("image", CHAT, messages=[{"role": "user", "content": [
         {"type": "text", "text": "what is this?"},
         {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]),
@@ -76,7 +77,7 @@ def test_every_field_is_honoured_or_refused_per_line_and_parts_count_as_plain_te
     source = write_jsonl(tmp_path / "batch.jsonl", [request for request, _ in cases.values()])
     output = tmp_path / "out.jsonl"
     argv = ["run", str(DEMO), "--input", str(source), "-o", str(output),
-            "--chat-template", str(template), *FAST]
+            "--chat-template", str(template), "--served-model-name", "my-served", *FAST]
     refused = sum(field is not None for _, field in cases.values())
     code, out, err = run_cli(capsys, *argv)
     assert (code, out) == (1, "") and summary_only(err, len(cases), refused), err

@@ -54,6 +54,11 @@ BATCH = [
     chat("min-tokens", "w100 w101", max_tokens=3, min_tokens=3),
     chat("stop-string", "w20 w21 w22", max_tokens=12, stop=["w58"]),
     chat("long", "w40", max_tokens=30),
+    # OpenAI content parts: codeferry joins the text parts as vLLM's server does
+    {**chat("parts", ""), "body": {"model": "tiny", "temperature": 0, "max_tokens": 6,
+                                   "messages": [{"role": "user", "content": [
+                                       {"type": "text", "text": "w1 w2"},
+                                       {"type": "text", "text": "w3 w4"}]}]}},
 ]
 
 
@@ -83,7 +88,8 @@ def outputs(tmp_path_factory: pytest.TempPathFactory,
              "--dtype", "float32", "--max-model-len", "128", "--enforce-eager", "--seed", "0"],
             env=env, stdout=log, timeout=TIMEOUT)
     assert theirs.exists(), (work / "vllm.log").read_text(errors="replace")[-5000:]
-    result = codeferry.run(model, source, ours, workers=1, start_method="fork")
+    result = codeferry.run(model, source, ours, workers=1, start_method="fork",
+                           served_model_name="tiny")
     assert result.complete and result.failed == 0
     read = [[json.loads(line) for line in path.read_text().splitlines()] for path in (theirs, ours)]
     return read[0], read[1]

@@ -61,6 +61,7 @@ class RunKeywords(ModelKeywords, total=False):
     sandbox: bool | None
     max_new_tokens: int | None
     max_model_len: int | None
+    served_model_name: str | None
     pooling: str | None
     chat_template: str | os.PathLike[str] | None
     force_resume: bool
@@ -83,6 +84,8 @@ class RunOptions:
     max_new_tokens: int | None = None
     #: The context lines are checked against (``None``: the model's config.json).
     max_model_len: int | None = None
+    #: The name an OpenAI line's ``"model"`` may give besides the model's path or folder name.
+    served_model_name: str | None = None
     pooling: str | None = None
     chat_template: str | os.PathLike[str] | None = None
     force_resume: bool = False

@@ -64,14 +64,14 @@ def read_template(chat_template: str | os.PathLike[str] | None) -> str | None:
             fix="pass a readable UTF-8 Jinja file to --chat-template.") from None
 
 
-def refused(model: str | os.PathLike[str], served: str, items: Sequence[InputItem],
+def refused(model: str | os.PathLike[str], served: set[str], items: Sequence[InputItem],
             path: str | os.PathLike[str], defaults: SamplingParams, context: int | None,
             task: Task) -> dict[Id, CodeferryError]:
     """The lines answered by their error, never run: a field not honoured, a content part
     that is not text (``InputItem.refused``), a ``model`` other than the one run (``model``
-    as given, its last part, or ``served``, the weights' name), a prompt over the context
-    (``over_context``)."""
-    names = {str(model), str(model).rstrip("/"), Path(model).name, served}
+    as given, its last part, or one of ``served``: the weights' name, ``--served-model-name``),
+    a prompt over the context (``over_context``)."""
+    names = {str(model), str(model).rstrip("/"), Path(model).name, *served}
     answered: dict[Id, CodeferryError] = {}
     for item in items:
         asked = item.openai.model if item.openai else None

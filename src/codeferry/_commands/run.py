@@ -188,8 +188,9 @@ def run_with(model: str | os.PathLike[str], input_path: str | os.PathLike[str],
     inputs = _read(input_path, task, params, options)
     plan = _plan(model, inputs, models, workers)
     context = options.max_model_len or model_context(plan.weights.root)
+    names = {plan.weights.name, *([options.served_model_name] if options.served_model_name else [])}
     inputs = replace(inputs, context=context, refused=refused(
-        model, plan.weights.name, inputs.items, inputs.path, inputs.defaults, context, task))
+        model, names, inputs.items, inputs.path, inputs.defaults, context, task))
     opened = _open(output, plan, inputs, workers)
     count = _workers(plan, workers, opened.engine)
     bar = Progress(len(opened.remaining), err, enabled=show)
@@ -485,6 +486,9 @@ def register(sub: Commands) -> None:
     command.add_argument("--engine-option", action="append", metavar="KEY=VALUE",
                          help="a keyword of vllm.LLM for the vLLM engine, repeatable; VALUE is "
                          "read as JSON where it parses (0.5, false, {...}), else as a string")
+    command.add_argument("--served-model-name", metavar="NAME",
+                         help="the name OpenAI lines' \"model\" may give, as vLLM's flag (also "
+                         "accepted: the model's path, repo id or folder name)")
     command.add_argument("--no-progress", dest="progress", action="store_false", default=None,
                          help="no progress bar, even on a terminal")
     add_sampling_flags(command)
