@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .._code import removed
 from .._exec.engines.base import Rpc
+from .._exec.engines.spec import EngineChoice
 from .._exec.files import missing_tokenizer
-from .._exec.options import WorkerOptions
+from .._exec.options import WorkerOptions, sandbox_request
 from .._exec.plan import prepare
 from .._exec.workers.checks import check_main_guard
 from .._exec.workers.transport import Event, LocalTransport, Transport
@@ -36,7 +37,7 @@ from .._load import load_pinned
 from .._trust.options import ModelOptions
 from ..errors import CodeferryError, DoctorCheckError, RemoteTraceback, WorkerError
 from .command import Commands, add_command, demo, model_options, show, worker_options
-from .flags import add_common_flags, add_trust_flags, add_worker_flags
+from .flags import add_common_flags, add_sandbox_flag, add_trust_flags, add_worker_flags
 from .keywords import DOCTOR_KEYWORDS, options_of
 
 if TYPE_CHECKING:
@@ -220,6 +221,9 @@ def doctor_with(model: str, options: ModelOptions, places: WorkerOptions,
     workers = places.workers if places.workers is not None else 2
     if backend == "local":
         check_main_guard(start_method)  # a worker would die bootstrapping, with exit code 1
+    # The workers' box (--sandbox), refused here, typed, where it cannot be built; the doctor's
+    # own load below runs the code outside it, as without the box.
+    boxed = sandbox_request(places)
     # configs only: a repo's code is fetched for the doctor, never its weights
     plan = prepare(model, options, device="cpu", demo=True, need="code")
     bundle, configs, decided = plan.bundle, plan.weights, plan.for_workers()
@@ -236,8 +240,8 @@ def doctor_with(model: str, options: ModelOptions, places: WorkerOptions,
         transport = RayTransport(plan.bundle, weights=plan.separate_weights, address=address)
     else:
         transport = LocalTransport(start_method)
-    spec = WorkerSpec(str(configs.root), decided, "cpu", None, 1, (), bundle.digest, serve=False,
-                      code=plan.code_folder)
+    spec = WorkerSpec(str(configs.root), decided, "cpu", None, 1, (), bundle.digest,
+                      EngineChoice(sandbox=boxed), serve=False, code=plan.code_folder)
     request = transport.pack(Rpc(doctor_checks, (transport.pack(config),)))
     events: queue.SimpleQueue[Event] = queue.SimpleQueue()
     channels = [transport.start(index, spec, events.put) for index in range(workers)]
@@ -338,5 +342,6 @@ def register(sub: Commands) -> None:
                           "or --lock)")
     add_trust_flags(command)
     add_worker_flags(command, workers=2)
+    add_sandbox_flag(command)
     command.add_argument("--json", action="store_true", help="print one JSON object")
     add_common_flags(command)

@@ -42,6 +42,7 @@ class DoctorKeywords(ModelKeywords, total=False):
     start_method: StartMethod
     backend: Backend
     address: str | None
+    sandbox: bool | None
 
 
 class RunKeywords(ModelKeywords, total=False):
