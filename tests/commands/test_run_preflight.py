@@ -120,3 +120,13 @@ def test_run_options_of_the_command_line_and_of_run(
     assert result.written == 1 and read_jsonl(again)[0]["output"] == read_jsonl(output)[0]["output"]
     with pytest.raises(ValueError, match="max_batch_tokens"):
         codeferry.run(DEMO, source, again, max_batch_tokens=0)
+
+
+def test_the_workers_draw_no_loading_bars_over_the_run(
+        tmp_path: Path, source: Path, capfd: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    result = codeferry.run(DEMO, source, tmp_path / "out.jsonl", workers=2, progress=False)
+    assert result.written == 1
+    err = capfd.readouterr().err
+    assert "Loading" not in err and "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ

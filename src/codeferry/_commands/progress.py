@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 
 
-__all__ = ["Progress", "clock"]
+__all__ = ["Progress", "clock", "quiet_workers"]
 
 def clock(seconds: float) -> str:
     seconds = int(seconds)
@@ -116,3 +116,19 @@ class Progress:
         if summary:
             self.stream.write(summary + "\n")
             self.stream.flush()
+
+
+@contextlib.contextmanager
+def quiet_workers() -> Iterator[None]:
+    """The workers started in this block inherit ``HF_HUB_DISABLE_PROGRESS_BARS=1`` (unless
+    the user set it): N workers loading at once would draw N "Loading weights" bars over the
+    run's own. The caller's environment is restored after."""
+    name = "HF_HUB_DISABLE_PROGRESS_BARS"
+    if name in os.environ:
+        yield
+        return
+    os.environ[name] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)

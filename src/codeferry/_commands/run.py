@@ -62,7 +62,7 @@ from .preflight import (
     refused,
     unknown_model,
 )
-from .progress import Progress
+from .progress import Progress, quiet_workers
 from .record import check_record, producer, record_path, write_record, write_summary
 from .result import RunResult
 from .spill import Spill
@@ -199,7 +199,8 @@ def run_with(model: str | os.PathLike[str], input_path: str | os.PathLike[str],
             opened.sink.close()
             _summarize(opened, err)
             return opened.result
-        executor, size = _start(plan, opened, workers, count, bar, err, inputs.context)
+        with quiet_workers():
+            executor, size = _start(plan, opened, workers, count, bar, err, inputs.context)
         with executor:
             try:
                 _drain(executor, plan, inputs, opened, workers, bar, size)
