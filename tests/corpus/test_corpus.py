@@ -3,9 +3,10 @@ transformers, token for token as that code does on the release it was written fo
 
 Each folder of ``models/`` is one family's code (see its README); the set-up copies it with a
 tokenizer, makes seeded random weights for its shrunk config and saves them as safetensors.
-The reference is plain transformers on the floors (4.53), run by the floors' Python in a
-subprocess (``CODEFERRY_FLOORS_PYTHON``, default ``/work/floors/bin/python``); codeferry's
-side is the ``Executor`` with a real worker, on this process's transformers.
+The reference is plain transformers on the floors (4.53), or on the release a family's code
+needs (``RELEASES``), run by the floors' Python in a subprocess (``CODEFERRY_FLOORS_PYTHON``,
+default ``/work/floors/bin/python``); codeferry's side is the ``Executor`` with a real worker,
+on this process's transformers.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ FAMILIES = sorted(p.name for p in MODELS.iterdir() if (p / "config.json").is_fil
 PROMPTS = ["hello", "the cat", "abc abc", "remote code", "zz", "a longer prompt here", "42", "q"]
 NEW_TOKENS = 12
 FLOORS = os.environ.get("CODEFERRY_FLOORS_PYTHON", "/work/floors/bin/python")
+#: Families whose code needs an older release than the floors: the reference runs the floors'
+#: Python with that transformers first on its path (installed beside the floors' environment,
+#: ``pip install --no-deps --target <env>/transformers-X transformers==X``; CI's set-up does).
+RELEASES = {"chatglm": "4.48.3"}
 
 
 def build(family: str, root: Path) -> Path:
@@ -59,8 +64,14 @@ def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 
 def reference(folder: Path) -> list[list[int]]:
-    """The tokens plain transformers gives on the floors, in a fresh interpreter."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
+    """The tokens plain transformers gives on the floors (or the family's own release), in
+    a fresh interpreter."""
+    path = ""
+    if folder.name in RELEASES:
+        release = Path(FLOORS).parents[1] / f"transformers-{RELEASES[folder.name]}"
+        assert (release / "transformers").is_dir(), f"install transformers into {release}"
+        path = str(release)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
     done = subprocess.run([FLOORS, str(HERE / "_reference.py"), str(folder), str(NEW_TOKENS),
                            *PROMPTS], capture_output=True, text=True, env=env, timeout=300,
                           check=False)

@@ -75,6 +75,21 @@ class OldNamesModel(OldNamesPreTrainedModel):
         if not isinstance(past_key_values, Cache):
             past_key_values = DynamicCache.from_legacy_cache(past_key_values)
         return self.proj(hidden_states), head_mask, past_key_values
+
+
+class OldNamesForCausalLM(OldNamesPreTrainedModel):
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = OldNamesModel(config)
+
+    def _update_model_kwargs_for_generation(self, outputs, model_kwargs, is_encoder_decoder=False,
+                                            **kwargs):
+        cache_name, cache = self._extract_past_from_model_output(outputs)
+        model_kwargs[cache_name] = cache
+        if "attention_mask" in model_kwargs:
+            mask = model_kwargs["attention_mask"]
+            model_kwargs["attention_mask"] = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], -1)
+        return model_kwargs
 '''
 
 CONFIG_JSON = {
@@ -205,3 +220,20 @@ def test_on_the_floors_the_code_gets_transformers_own_names(folder: Path) -> Non
     assert seen == {"version": "4.53.0", "fx_is_transformers": True,
                     "cache_is_transformers": True, "head_mask_is_transformers": True,
                     "max_length": 20}
+
+
+def test_chatglms_generation_hook_gets_the_cache_in_the_shape_it_unpacks(
+        loaded: tuple[type, type, object]) -> None:
+    """ChatGLM2/3's ``_update_model_kwargs_for_generation``: ``(name, cache)`` from
+    ``_extract_past_from_model_output`` (4.42 to 4.48), and a mask it extends when it is there
+    (transformers 5 keeps the key with ``None``)."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    config_class, _, module = loaded
+    model = module.OldNamesForCausalLM(config_class())
+    past = ((torch.ones(1, 1, 2, 4), torch.ones(1, 1, 2, 4)),)
+    outputs = CausalLMOutputWithPast(past_key_values=past)
+    assert model._update_model_kwargs_for_generation(outputs, {"attention_mask": None}) == {
+        "past_key_values": past}
+    kwargs = model._update_model_kwargs_for_generation(outputs, {"attention_mask": torch.ones(1, 2)})
+    assert kwargs["attention_mask"].tolist() == [[1.0, 1.0, 1.0]]

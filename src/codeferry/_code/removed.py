@@ -74,9 +74,9 @@ ATTRIBUTES: dict[str, Removed] = {
         ("seen_tokens", "DynamicCache.seen_tokens", "4.52", "4.56"),
     )
 }
-# ChatGLM2/3's _update_model_kwargs_for_generation: two return shapes over its releases
+# ChatGLM2/3's _update_model_kwargs_for_generation: the shim returns the shape the code unpacks
 ATTRIBUTES["_extract_past_from_model_output"] = _r(
-    "GenerationMixin._extract_past_from_model_output", "4.48", "4.52", shim=False)
+    "GenerationMixin._extract_past_from_model_output", "4.48", "4.52")
 
 #: Attributes every ``PretrainedConfig`` had on transformers 4, with their defaults: a remote
 #: config class that the installed release leaves without one gets it as a class attribute.

@@ -31,6 +31,7 @@ import builtins
 import functools
 import importlib
 import inspect
+import re
 import threading
 import types
 from collections.abc import Callable
@@ -38,144 +39,14 @@ from typing import Any
 
 from .._code.removed import CONFIG_DEFAULTS, IMPORTS
 from .._runtime import loader as _loader
+from .legacy import METHODS, OBJECTS, legacy_dynamic_cache
 
 __all__ = ["shimmed_imports", "shim_classes", "setup_module"]
 
 _MARK = "__codeferry_compat__"
 
 
-def _torch() -> Any:
-    import torch
-
-    return torch
-
-
-# -- the removed objects, written as transformers 4.53 has them -------------------------------
-
-def _make_causal_mask(input_ids_shape: Any, dtype: Any, device: Any,
-                      past_key_values_length: int = 0, sliding_window: int | None = None) -> Any:
-    """transformers 4's ``_make_causal_mask``: a ``(bsz, 1, tgt, tgt + past)`` additive mask."""
-    torch = _torch()
-    bsz, tgt_len = input_ids_shape
-    mask = torch.full((tgt_len, tgt_len), torch.finfo(dtype).min, device=device)
-    mask_cond = torch.arange(mask.size(-1), device=device)
-    mask.masked_fill_(mask_cond < (mask_cond + 1).view(mask.size(-1), 1), 0)
-    mask = mask.to(dtype)
-    if past_key_values_length > 0:
-        mask = torch.cat([torch.zeros(tgt_len, past_key_values_length, dtype=dtype,
-                                      device=device), mask], dim=-1)
-    if sliding_window is not None:
-        diagonal = past_key_values_length - sliding_window - 1
-        context_mask = torch.tril(torch.ones_like(mask, dtype=torch.bool), diagonal=diagonal)
-        mask.masked_fill_(context_mask, torch.finfo(dtype).min)
-    return mask[None, None, :, :].expand(bsz, 1, tgt_len, tgt_len + past_key_values_length)
-
-
-def _expand_mask(mask: Any, dtype: Any, tgt_len: int | None = None) -> Any:
-    """transformers 4's ``_expand_mask``: ``(bsz, src)`` to an additive ``(bsz, 1, tgt, src)``."""
-    torch = _torch()
-    bsz, src_len = mask.size()
-    tgt_len = tgt_len if tgt_len is not None else src_len
-    expanded = mask[:, None, None, :].expand(bsz, 1, tgt_len, src_len).to(dtype)
-    inverted = 1.0 - expanded
-    return inverted.masked_fill(inverted.to(torch.bool), torch.finfo(dtype).min)
-
-
-def _true() -> bool:
-    return True
-
-
-def _find_pruneable_heads_and_indices(heads: Any, n_heads: int, head_size: int,
-                                      already_pruned_heads: Any) -> tuple[set[int], Any]:
-    torch = _torch()
-    mask = torch.ones(n_heads, head_size)
-    heads = set(heads) - already_pruned_heads
-    for head in heads:
-        head = head - sum(1 if h < head else 0 for h in already_pruned_heads)
-        mask[head] = 0
-    mask = mask.view(-1).contiguous().eq(1)
-    index = torch.arange(len(mask))[mask].long()
-    return heads, index
-
-
-def _conv1d() -> Any:
-    from transformers.pytorch_utils import Conv1D
-
-    return Conv1D
-
-
-def _generate_output() -> Any:
-    from transformers.generation.utils import (
-        GenerateDecoderOnlyOutput,
-        GenerateEncoderDecoderOutput,
-    )
-
-    return GenerateEncoderDecoderOutput | GenerateDecoderOnlyOutput
-
-
-def _deepspeed_zero3() -> Any:
-    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
-
-    return is_deepspeed_zero3_enabled
-
-
-@functools.cache
-def legacy_dynamic_cache() -> type:
-    """``DynamicCache`` with the legacy-format methods of transformers 4, and nothing else."""
-    from transformers.cache_utils import DynamicCache
-
-    class DynamicCache4(DynamicCache):
-        """A ``DynamicCache`` that also reads and writes transformers 4's tuples of tensors."""
-
-        @classmethod
-        def from_legacy_cache(cls, past_key_values: Any = None) -> Any:
-            cache = cls()
-            for layer_idx, (key, value) in enumerate(past_key_values or ()):
-                cache.update(key, value, layer_idx)
-            return cache
-
-        def to_legacy_cache(self) -> tuple[tuple[Any, Any], ...]:
-            return tuple((getattr(layer, "keys"), getattr(layer, "values"))  # noqa: B009
-                         for layer in self.layers if getattr(layer, "keys", None) is not None)
-
-        def get_usable_length(self, new_seq_length: int, layer_idx: int | None = 0) -> int:
-            return int(self.get_seq_length(layer_idx or 0))
-
-        @property
-        def seen_tokens(self) -> int:
-            return int(self.get_seq_length())
-
-        def get_max_cache_shape(self) -> None:
-            return None
-
-    DynamicCache4.__name__ = DynamicCache4.__qualname__ = "DynamicCache"
-    return DynamicCache4
-
-
-def _dynamic_cache() -> Any:
-    return legacy_dynamic_cache()
-
-
-#: (module, name) -> the object a remote module gets where the installed module lacks it.
-_OBJECTS: dict[tuple[str, str], Callable[[], Any]] = {
-    ("transformers.modeling_attn_mask_utils", "_expand_mask"): lambda: _expand_mask,
-    ("transformers.modeling_attn_mask_utils", "_make_causal_mask"): lambda: _make_causal_mask,
-    ("transformers.models.llama.modeling_llama", "_expand_mask"): lambda: _expand_mask,
-    ("transformers.models.llama.modeling_llama", "_make_causal_mask"): lambda: _make_causal_mask,
-    ("transformers.utils", "is_torch_fx_available"): lambda: _true,
-    ("transformers.utils.import_utils", "is_torch_fx_available"): lambda: _true,
-    ("transformers.utils", "is_torch_sdpa_available"): lambda: _true,
-    ("transformers.utils.import_utils", "is_torch_sdpa_available"): lambda: _true,
-    ("transformers.pytorch_utils", "find_pruneable_heads_and_indices"):
-        lambda: _find_pruneable_heads_and_indices,
-    ("transformers.modeling_utils", "Conv1D"): _conv1d,
-    ("transformers.generation.utils", "SampleOutput"): _generate_output,
-    ("transformers.generation.utils", "GreedySearchOutput"): _generate_output,
-    ("transformers.generation.utils", "BeamSearchOutput"): _generate_output,
-    ("transformers.deepspeed", "is_deepspeed_zero3_enabled"): _deepspeed_zero3,
-    ("transformers.cache_utils", "DynamicCache"): _dynamic_cache,
-}
-assert {key for key, entry in IMPORTS.items() if entry.shim} == set(_OBJECTS)
+assert {key for key, entry in IMPORTS.items() if entry.shim} == set(OBJECTS)
 
 
 def _lacks(module: Any, name: str) -> bool:
@@ -203,14 +74,14 @@ class _View(types.ModuleType):
 def shimmed_imports(module_name: str, names: tuple[str, ...]) -> dict[str, Any] | None:
     """The shims ``from module_name import names`` needs on the installed release; ``None``
     when the import works as it is (or no shim covers what it lacks)."""
-    wanted = [n for n in names if (module_name, n) in _OBJECTS]
+    wanted = [n for n in names if (module_name, n) in OBJECTS]
     if not wanted:
         return None
     try:
         real: Any = importlib.import_module(module_name)
     except ImportError:
         real = None
-    shims = {n: _OBJECTS[(module_name, n)]() for n in wanted if real is None or _lacks(real, n)}
+    shims = {n: OBJECTS[(module_name, n)]() for n in wanted if real is None or _lacks(real, n)}
     return shims or None
 
 
@@ -252,62 +123,6 @@ def setup_module(module: types.ModuleType, source: bytes) -> None:
 
 # -- classes: methods and defaults on the remote classes themselves ----------------------------
 
-def _get_head_mask(self: Any, head_mask: Any, num_hidden_layers: int,
-                   is_attention_chunked: bool = False) -> Any:
-    if head_mask is None:
-        return [None] * num_hidden_layers
-    head_mask = _convert_head_mask_to_5d(self, head_mask, num_hidden_layers)
-    if is_attention_chunked:
-        head_mask = head_mask.unsqueeze(-1)
-    return head_mask
-
-
-def _convert_head_mask_to_5d(self: Any, head_mask: Any, num_hidden_layers: int) -> Any:
-    if head_mask.dim() == 1:
-        head_mask = head_mask.unsqueeze(0).unsqueeze(0).unsqueeze(-1).unsqueeze(-1)
-        head_mask = head_mask.expand(num_hidden_layers, -1, -1, -1, -1)
-    elif head_mask.dim() == 2:
-        head_mask = head_mask.unsqueeze(1).unsqueeze(-1).unsqueeze(-1)
-    return head_mask.to(dtype=self.dtype)
-
-
-def _invert_attention_mask(self: Any, encoder_attention_mask: Any) -> Any:
-    torch = _torch()
-    if encoder_attention_mask.dim() == 3:
-        extended = encoder_attention_mask[:, None, :, :]
-    else:
-        extended = encoder_attention_mask[:, None, None, :]
-    extended = extended.to(dtype=self.dtype)
-    return (1.0 - extended) * torch.finfo(self.dtype).min
-
-
-def _get_extended_attention_mask(self: Any, attention_mask: Any, input_shape: Any,
-                                 device: Any = None, dtype: Any = None) -> Any:
-    torch = _torch()
-    dtype = dtype if dtype is not None else self.dtype
-    if attention_mask.dim() == 3:
-        extended = attention_mask[:, None, :, :]
-    elif attention_mask.dim() == 2:
-        if getattr(self.config, "is_decoder", False):
-            batch_size, seq_length = input_shape
-            seq_ids = torch.arange(seq_length, device=attention_mask.device)
-            causal = seq_ids[None, None, :].repeat(batch_size, seq_length, 1) <= seq_ids[None, :, None]
-            causal = causal.to(attention_mask.dtype)
-            if causal.shape[1] < attention_mask.shape[1]:
-                prefix = attention_mask.shape[1] - causal.shape[1]
-                causal = torch.cat([torch.ones((batch_size, seq_length, prefix),
-                                               device=attention_mask.device,
-                                               dtype=causal.dtype), causal], dim=-1)
-            extended = causal[:, None, :, :] * attention_mask[:, None, None, :]
-        else:
-            extended = attention_mask[:, None, None, :]
-    else:
-        raise ValueError(f"Wrong shape for input_ids (shape {input_shape}) or attention_mask "
-                         f"(shape {attention_mask.shape})")
-    extended = extended.to(dtype=dtype)
-    return (1.0 - extended) * torch.finfo(dtype).min
-
-
 class _TiedKeys:
     """``all_tied_weights_keys`` for a model whose ``__init__`` never calls ``post_init``
     (which sets it on transformers 5): computed on first read, then kept on the instance."""
@@ -320,12 +135,51 @@ class _TiedKeys:
         return keys
 
 
-_METHODS: dict[str, Any] = {
-    "get_head_mask": _get_head_mask,
-    "_convert_head_mask_to_5d": _convert_head_mask_to_5d,
-    "invert_attention_mask": _invert_attention_mask,
-    "get_extended_attention_mask": _get_extended_attention_mask,
-}
+
+
+def _without_none_mask(update: Callable[..., Any]) -> Callable[..., Any]:
+    """transformers 5's ``generate`` keeps ``attention_mask: None`` where 4 kept the mask of
+    ones; code that extends ``model_kwargs["attention_mask"]`` when the key is there gets
+    no key, as it would for a model called without a mask."""
+
+    @functools.wraps(update)
+    def _update_model_kwargs_for_generation(self: Any, outputs: Any, model_kwargs: Any,
+                                            *args: Any, **kwargs: Any) -> Any:
+        if "attention_mask" in model_kwargs and model_kwargs["attention_mask"] is None:
+            model_kwargs = {k: v for k, v in model_kwargs.items() if k != "attention_mask"}
+        return update(self, outputs, model_kwargs, *args, **kwargs)
+
+    _update_model_kwargs_for_generation.__codeferry_compat__ = True  # type: ignore[attr-defined]
+    return _update_model_kwargs_for_generation
+
+
+_PAIR = re.compile(r"\w+\s*,\s*\w+\s*=\s*self\._extract_past_from_model_output\(")
+_PAST_NAMES = ("past_key_values", "mems", "past_buckets_states", "cache_params")
+
+
+def _past_extractor(cls: type) -> Callable[..., Any] | None:
+    """transformers 4's ``_extract_past_from_model_output`` for a class whose own code calls
+    it (ChatGLM2/3's ``_update_model_kwargs_for_generation``), where the installed release
+    lacks it. It returned the cache up to 4.41 and ``(name, cache)`` from 4.42 on: the shape
+    is the one the class's code unpacks."""
+    if hasattr(cls, "_extract_past_from_model_output"):
+        return None
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return None
+    if "._extract_past_from_model_output(" not in source:
+        return None
+    pair = _PAIR.search(source) is not None
+
+    def _extract_past_from_model_output(self: Any, outputs: Any,
+                                        standardize_cache_format: bool = False) -> Any:
+        name = next((n for n in _PAST_NAMES if getattr(outputs, n, None) is not None),
+                    "past_key_values")
+        past = getattr(outputs, name, None)
+        return (name, past) if pair else past
+
+    return _extract_past_from_model_output
 
 
 def _no_default_cache(cls: type) -> bool:
@@ -366,7 +220,8 @@ def _keeping_buffers(moved: Callable[..., Any]) -> Callable[..., Any]:
 def _buffers_of_fresh(cls: type, config: Any) -> Any:
     """The buffers of ``cls(config)`` built with its parameters on the meta device (no
     parameter memory), its buffers where ``__init__`` computes them."""
-    torch = _torch()
+    import torch
+
     register = torch.nn.Module.register_parameter
 
     def on_meta(module: Any, name: str, param: Any) -> None:
@@ -376,11 +231,11 @@ def _buffers_of_fresh(cls: type, config: Any) -> Any:
                                                           requires_grad=param.requires_grad)
 
     with _build_lock, torch.device("cpu"):
-        torch.nn.Module.register_parameter = on_meta
+        setattr(torch.nn.Module, "register_parameter", on_meta)  # noqa: B010
         try:
             fresh = cls(config)
         finally:
-            torch.nn.Module.register_parameter = register
+            setattr(torch.nn.Module, "register_parameter", register)  # noqa: B010
     return fresh.named_buffers()
 
 
@@ -427,7 +282,7 @@ def shim_classes(module: types.ModuleType, registration: Any = None) -> None:
         if not isinstance(value, type) or value.__module__ != module.__name__:
             continue
         if issubclass(value, PreTrainedModel):
-            for name, method in _METHODS.items():
+            for name, method in METHODS.items():
                 if not hasattr(value, name):
                     setattr(value, name, method)
                     added.append(f"{value.__name__}.{name}")
@@ -441,6 +296,15 @@ def shim_classes(module: types.ModuleType, registration: Any = None) -> None:
                 setattr(value, "_supports_default_dynamic_cache",  # noqa: B010
                         classmethod(_no_default_cache))
                 added.append(f"{value.__name__}._supports_default_dynamic_cache")
+            update = vars(value).get("_update_model_kwargs_for_generation")
+            if callable(update) and not hasattr(update, _MARK):
+                setattr(value, "_update_model_kwargs_for_generation",  # noqa: B010
+                        _without_none_mask(update))
+                added.append(f"{value.__name__}._update_model_kwargs_for_generation")
+            extract = _past_extractor(value)
+            if extract is not None:
+                setattr(value, "_extract_past_from_model_output", extract)  # noqa: B010
+                added.append(f"{value.__name__}._extract_past_from_model_output")
             moved = getattr(value, "_move_missing_keys_from_meta_to_device", None)
             if moved is not None and not hasattr(moved, _MARK):
                 setattr(value, "_move_missing_keys_from_meta_to_device",  # noqa: B010
