@@ -177,3 +177,23 @@ def test_the_scopes_refuse_signals_and_abstract_sockets_outside_the_box() -> Non
         os.waitpid(pid, 0)
     """)
     assert out == "signal refused 1; connect refused 1"
+
+
+def test_a_gone_process_scratch_folder_is_swept(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scratch of a boxed process that is gone (an ``exec``'d command runs no atexit of
+    codeferry's) is removed by the next box built; a live one's stays."""
+    import tempfile
+
+    from codeferry._sandbox.box import policy_for
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    stale = tmp_path / f"codeferry-box-{gone.pid}-abc"
+    live = tmp_path / f"codeferry-box-{os.getpid()}-def"
+    for folder in (stale, live):
+        (folder / "sub").mkdir(parents=True)
+    policy = policy_for(Request(), [])
+    assert not stale.exists() and live.exists()
+    assert Path(policy.scratch).parent == tmp_path

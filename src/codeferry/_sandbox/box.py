@@ -98,11 +98,32 @@ def policy_for(request: Request, model_paths: Iterable[str], scratch: str | None
     for path in paths:  # a snapshot's files are links into the repo's blobs/
         if path.startswith(hub + os.sep):
             entries.append(os.path.join(hub, path[len(hub) + 1:].split(os.sep)[0]))
-    scratch = scratch or tempfile.mkdtemp(prefix="codeferry-box-")
+    _sweep()
+    scratch = scratch or tempfile.mkdtemp(prefix=f"codeferry-box-{os.getpid()}-")
     store = _settings.codeferry_home()  # made now (private, as the store makes it): a rule
     store.mkdir(mode=0o700, parents=True, exist_ok=True)  # names only what exists
     return build_policy(request, model_paths=[*paths, *entries], scratch=scratch,
                         home=os.path.expanduser("~"), stores=[str(store)])
+
+
+def _sweep() -> None:
+    """Remove the scratch folders of boxed processes that are gone (a command that ``exec``
+    replaced runs no ``atexit`` of codeferry's): this user's own, named by their pid."""
+    root = tempfile.gettempdir()
+    with os.scandir(root) as entries:
+        for entry in entries:
+            parts = entry.name.split("-")
+            if not entry.name.startswith("codeferry-box-") or len(parts) < 4 \
+                    or not parts[2].isdigit():
+                continue
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                    continue
+                os.kill(int(parts[2]), 0)
+            except ProcessLookupError:
+                shutil.rmtree(entry.path, ignore_errors=True)
+            except OSError:
+                continue
 
 
 def enter_policy(policy: Policy) -> None:
