@@ -81,9 +81,10 @@ _SHARED_SCOPE = {"exec/test_ray_cluster.py": "ray", "exec/test_ray.py": "ray",
                  "contexts/test_ray_contexts.py": "ray",  # one 2-node cluster at a time
                  # one vLLM engine at a time: two on a small machine starve each other
                  "vllm/test_vllm.py": "vllm", "vllm/test_vllm_run_batch.py": "vllm",
-                 "vllm/test_vllm_engine.py": "vllm"}
+                 "vllm/test_vllm_engine.py": "vllm", "vllm/test_structured_vllm.py": "vllm"}
 _LONGEST_FIRST = ("exec/test_ray_cluster.py", "exec/test_ray.py", "vllm/test_vllm.py",
                   "vllm/test_vllm_run_batch.py", "vllm/test_vllm_engine.py",
+                  "vllm/test_structured_vllm.py",
                   "contexts/test_pools.py",
                   "contexts/test_datasets.py", "install/test_exec.py", "contexts/test_dask.py",
                   "contexts/test_dataloader.py", "contexts/test_torchrun.py",
