@@ -131,3 +131,10 @@ def test_an_uncaught_refusal_is_told_typed(tmp_path: Path, home: Path, hostile: 
     assert told.startswith("codeferry.errors.SandboxRefusedError: "), told
     head, _, tail = NAMED[attempt].partition("...")
     assert head in told and tail in told, told
+
+
+def test_print_env_refuses_the_box(tmp_path: Path, home: Path) -> None:
+    """Variables cannot carry the box: ``--print-env --sandbox`` is refused, not printed as if
+    it boxed what runs them."""
+    done = _exec(["--sandbox", "--print-env"], [], tmp_path, home)
+    assert done.returncode == 2 and "--sandbox" in done.stderr and not done.stdout

@@ -25,6 +25,9 @@ def exec_command(args: argparse.Namespace) -> int:
     """
     from .launch import exec_variables, launch, render_variables
 
+    if (args.print_env or args.json) and args.sandbox:
+        raise UsageError("exec: --sandbox boxes the command it runs; variables cannot carry the "
+                         "box to another one (run the command under `codeferry exec --sandbox`)")
     if args.print_env or args.json:
         sys.stdout.write(render_variables(exec_variables(args.lock), as_json=args.json))
         return 0
