@@ -43,6 +43,7 @@ __all__ = [
     "names",
     "offline_reason",
     "quiet_hub_progress",
+    "restore_hub_progress",
     "ray_address",
     "python_path",
     "ray_ship_limit",
@@ -370,10 +371,18 @@ def cuda_visible_devices() -> str | None:
     return os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
-def quiet_hub_progress() -> None:
+def quiet_hub_progress() -> bool:
     """Turn huggingface_hub's progress bars off unless the user set them (the command line
-    draws its own)."""
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    draws its own); whether this set them (``restore_hub_progress`` unsets them)."""
+    if "HF_HUB_DISABLE_PROGRESS_BARS" in os.environ:
+        return False
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    return True
+
+
+def restore_hub_progress() -> None:
+    """Undo ``quiet_hub_progress`` (for a caller it returned ``True`` to)."""
+    os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
 
 
 def sandbox_switch() -> bool:

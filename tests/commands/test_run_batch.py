@@ -17,7 +17,7 @@ from _helpers import read_jsonl, run_cli, summary_only, write_jsonl
 import codeferry
 from codeferry import SamplingParams, cli
 from codeferry._commands.record import record_path
-from codeferry.errors import InputFormatError, RunStoppedError, SamplingParamsError
+from codeferry.errors import ChatTemplateMissingError, InputFormatError, SamplingParamsError
 
 DEMO = Path(cli._demo())
 FAST = ["--start-method", "fork", "--workers", "1"]
@@ -153,9 +153,9 @@ def test_chat_without_a_template_stops_before_writing_and_the_fixed_command_resu
     source = write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "messages": CHAT, "max_tokens": 2}])
     output = tmp_path / "out.jsonl"
     argv = ["run", str(DEMO), "--input", str(source), "-o", str(output), *FAST]
-    with pytest.raises(RunStoppedError) as info:
+    with pytest.raises(ChatTemplateMissingError) as info:  # before any worker starts
         codeferry.run(DEMO, source, output, workers=1, start_method="fork", stderr=io.StringIO())
-    assert "ChatTemplateMissingError" in str(info.value) and "--chat-template" in str(info.value)
+    assert "--chat-template" in str(info.value)
     assert not output.exists() or output.read_bytes() == b""
     code, _, err = run_cli(capsys, *argv, "--chat-template", str(template))
     assert code == 0 and summary_only(err, 1, 0)

@@ -81,19 +81,34 @@ def test_a_missing_tokenizer_config_is_named_as_such(tmp_path: Path, source: Pat
     assert "sentencepiece" not in str(info.value) and "Fix:" in str(info.value)
 
 
+def test_chat_lines_for_a_model_without_a_chat_template_stop_before_any_worker(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", [
+        {"id": 1, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}])
+    output = tmp_path / "out.jsonl"
+    code, out, err = run_cli(capsys, "run", str(DEMO), "--input", str(source), "-o",
+                             str(output), *FAST)
+    assert (code, out) == (1, "") and err.count("\n") == 1 and "--chat-template FILE" in err
+    assert "ChatTemplateMissingError" not in err and not output.exists()
+
+
 def test_the_chat_template_given_as_the_fix_resumes_a_run_that_wrote_no_chat_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # a tokenizer whose code could set a template: only a worker can tell it has none
+    model = _demo_copy(tmp_path)
+    code_file = model / "tokenization_charlm.py"
+    code_file.write_text(code_file.read_text() + "\n# no chat_template set here\n")
     source = write_jsonl(tmp_path / "in.jsonl", [
         {"id": 1, "prompt": "hello", "max_tokens": 2},
         {"id": 2, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}])
     output, template = tmp_path / "out.jsonl", tmp_path / "chat.jinja"
     template.write_text(TEMPLATE)
     with pytest.raises(RunStoppedError) as info:
-        codeferry.run(DEMO, source, output, workers=1, start_method="fork",
-                      stderr=io.StringIO())
+        codeferry.run(model, source, output, workers=1, start_method="fork",
+                      trust_remote_code=True, stderr=io.StringIO())
     assert "--chat-template" in str(info.value) and len(read_jsonl(output)) == 1
-    code, _, err = run_cli(capsys, "run", str(DEMO), "--input", str(source), "-o", str(output),
-                           "--chat-template", str(template), *FAST)
+    code, _, err = run_cli(capsys, "run", str(model), "--input", str(source), "-o", str(output),
+                           "--chat-template", str(template), "--trust-remote-code", *FAST)
     assert code == 0 and summary_only(err, 1, 0), err
     assert [row["id"] for row in read_jsonl(output)] == [1, 2]
     assert "chat_template" in record_path(output).read_text()

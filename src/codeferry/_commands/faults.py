@@ -63,8 +63,9 @@ def machine_fault(error: BaseException) -> BaseException | None:
 
 def is_machine_fault(error: BaseException) -> bool:
     """Whether ``error``, raised by a run before or while it wrote, is the machine's doing (a
-    worker that cannot start, changed code, the store): the same command resumes it."""
-    return _is_machine(error)
+    worker that cannot start, changed code, the store): the same command resumes it. A
+    missing chat template stops a run too, but only its fix (``--chat-template``) resumes."""
+    return _is_machine(error) and not isinstance(error, ChatTemplateMissingError)
 
 
 def _is_machine(cause: BaseException) -> bool:

@@ -17,6 +17,11 @@ Input (UTF-8 JSON Lines or text, one input per line; blank lines are skipped; ``
 * any other line is plain text, used whole (without its line ending); its ``id`` is its
   1-based line number in the file, as an integer.
 
+A request field codeferry does not implement, a content part that is not text or (for a
+plain line) a key that is a parameter's name misspelt: see ``fields`` (the first two answer
+their line alone, as ``InputItem.refused``; the last stops the run). Chat content parts are
+joined into one string there.
+
 Ids must be unique. A JSON line whose strings (keys too) hold a lone surrogate (JSON
 ``"\\udfff"``), that nests more than ``MAX_DEPTH`` levels or holds an integer of more digits
 than Python reads is refused. A file that is one JSON array (``[{...}, {...}]``) is refused

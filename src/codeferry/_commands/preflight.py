@@ -10,6 +10,7 @@ start-up, under a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import json
 import os
@@ -39,16 +40,35 @@ __all__ = ["check_chat_template", "check_model_files", "checked_flags", "engine_
            "read_template", "refused", "unknown_model"]
 
 
-def check_chat_template(root: Path, items: Sequence[InputItem], template: str | None,
-                        path: str | os.PathLike[str]) -> None:
-    """Chat inputs need a chat template: the model's, or ``--chat-template``'s."""
-    if template is None and any(i.request and i.request.messages for i in items) \
-            and not may_have_chat_template(root):
-        raise ChatTemplateMissingError(
-            f"the input has chat messages, and the model's tokenizer has no chat template "
-            f"(no chat_template.jinja, nor a chat_template in tokenizer_config.json in "
-            f"{root}).", path=str(path),
-            fix="pass --chat-template FILE (a Jinja template), or send prompts instead.")
+def check_chat_template(root: Path, code: Path, items: Sequence[InputItem],
+                        template: str | None, path: str | os.PathLike[str]) -> None:
+    """Chat inputs need a chat template: the model's, or ``--chat-template``'s. A remote-code
+    tokenizer may set one in its code (``code``: its folder): one whose Python files never
+    name ``chat_template`` has none either."""
+    if template is not None or not any(i.request and i.request.messages for i in items):
+        return
+    if may_have_chat_template(root) and not _code_has_none(root, code):
+        return
+    raise ChatTemplateMissingError(
+        f"the input has chat messages, and the model's tokenizer has no chat template "
+        f"(no chat_template.jinja, nor a chat_template in tokenizer_config.json in "
+        f"{root}).", path=str(path),
+        fix="pass --chat-template FILE (a Jinja template), or send prompts instead.")
+
+
+def _code_has_none(root: Path, code: Path) -> bool:
+    """Whether the only reason to expect a chat template is a remote-code tokenizer, and no
+    Python file of the model names one."""
+    if {"chat_template.jinja", "chat_template.json"} & {p.name for p in root.iterdir()} or \
+            (root / "additional_chat_templates").is_dir() or \
+            _json(root / "tokenizer_config.json").get("chat_template"):
+        return False
+    for folder in {root, code}:
+        for source in folder.rglob("*.py"):
+            with contextlib.suppress(OSError):
+                if b"chat_template" in source.read_bytes():
+                    return False
+    return True
 
 
 def read_template(chat_template: str | os.PathLike[str] | None) -> str | None:

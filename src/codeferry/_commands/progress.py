@@ -11,6 +11,8 @@ from typing import TextIO
 
 from tqdm import tqdm
 
+from .. import _settings
+
 # -- progress ---------------------------------------------------------------------------
 
 
@@ -123,12 +125,9 @@ def quiet_workers() -> Iterator[None]:
     """The workers started in this block inherit ``HF_HUB_DISABLE_PROGRESS_BARS=1`` (unless
     the user set it): N workers loading at once would draw N "Loading weights" bars over the
     run's own. The caller's environment is restored after."""
-    name = "HF_HUB_DISABLE_PROGRESS_BARS"
-    if name in os.environ:
-        yield
-        return
-    os.environ[name] = "1"
+    set_here = _settings.quiet_hub_progress()
     try:
         yield
     finally:
-        os.environ.pop(name, None)
+        if set_here:
+            _settings.restore_hub_progress()

@@ -4,10 +4,11 @@
 values (``ModelOptions``, ``WorkerOptions``, ``RunOptions``); ``codeferry run`` builds the
 same values from its flags (``register``, ``run_command``), and both hand them to
 ``run_with``, which runs in stages. It reads its input whole (``inputs``) and plans the
-model once; it takes the output's lock and checks what is already there (``output``),
+model once, checking what would fail every worker first (``preflight``); it takes the output's lock and checks what is already there (``output``),
 records what produces the output and its inputs (``record``), starts the executor, then
 drains its outcomes into the output in input order (``drain``) with a progress bar
-(``progress``), each line as ``lines`` writes it. An outcome that is a fault of the
+(``progress``), each line as ``lines`` writes it, those finished ahead of the write
+position kept in the meantime (``spill``). An outcome that is a fault of the
 machine, not an answer for its input (``faults``), stops the run with ``RunStoppedError``:
 it is never written, and the same command resumes. Every run ends with a summary line on
 stderr (``N written, K failed, in T; X tokens/s``), a terminal or not, and in the record.
@@ -260,7 +261,8 @@ def _plan(model: str | os.PathLike[str], inputs: _Inputs, models: ModelOptions,
             raise
         raise better from exc
     check_model_files(plan.weights.root)
-    check_chat_template(plan.weights.root, inputs.items, inputs.template, inputs.path)
+    check_chat_template(plan.weights.root, plan.bundle.origin.root, inputs.items, inputs.template,
+                        inputs.path)
     return plan
 
 
