@@ -134,3 +134,27 @@ def test_pass_through_keys_far_from_any_parameter_stay(
     (got,) = read_jsonl(output)
     assert (got["speed"], got["stop_words"], got["max_len"]) == ("fast", 2, 3)
     assert got["completion_tokens"] <= 2 and json.dumps(got).count("temperature") == 0
+
+
+def test_embedding_lines_refuse_what_an_embedding_cannot_honour(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def embed(custom_id: str, **body: Any) -> dict[str, Any]:
+        return {"custom_id": custom_id, "method": "POST", "url": "/v1/embeddings",
+                "body": {"model": "demo", "input": "a sentence", **body}}
+
+    cases = {"ok": (embed("ok", encoding_format="float", user="u"), None),
+             "dims": (embed("dims", dimensions=8), "dimensions"),
+             "base64": (embed("base64", encoding_format="base64"), "encoding_format"),
+             "sampled": (embed("sampled", temperature=0.5), "temperature")}
+    source = write_jsonl(tmp_path / "in.jsonl", [line for line, _ in cases.values()])
+    output = tmp_path / "out.jsonl"
+    code, _, err = run_cli(capsys, "run", str(DEMO), "--input", str(source), "-o", str(output),
+                           "--task", "embed", *FAST)
+    assert code == 1 and summary_only(err, 4, 3), err
+    for row, (name, (_, field)) in zip(read_jsonl(output), cases.items(), strict=True):
+        assert row["custom_id"] == name
+        if field is None:
+            assert row["response"]["status_code"] == 200 and row["response"]["body"]["data"]
+        else:
+            assert row["response"]["status_code"] == 400
+            assert row["error"]["error"]["param"] == field

@@ -93,7 +93,8 @@ def _neutral(key: str, value: Any) -> bool:
 def refusal(body: Mapping[str, Any], url: str) -> RequestRefusedError | None:
     """The first field of an OpenAI ``body`` that codeferry would not honour, as the error
     its line is answered with (``path``/``line`` are the caller's); ``None``: none."""
-    accepted = honoured() | _ENDPOINT_KEYS[url] | _HARMLESS
+    sampling = honoured() if url != "/v1/embeddings" else frozenset()  # nothing to sample
+    accepted = sampling | _ENDPOINT_KEYS[url] | _HARMLESS
     if url == "/v1/completions":  # ``best_of`` equal to ``n`` asks for nothing more
         if body.get("best_of") is not None and body.get("best_of") == body.get("n", 1):
             accepted = accepted | {"best_of"}
