@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -241,3 +242,22 @@ def test_chatglms_generation_hook_gets_the_cache_in_the_shape_it_unpacks(
         "past_key_values": past}
     kwargs = model._update_model_kwargs_for_generation(outputs, {"attention_mask": torch.ones(1, 2)})
     assert kwargs["attention_mask"].tolist() == [[1.0, 1.0, 1.0]]
+
+
+def test_a_tied_list_saves_and_ties_as_transformers_4(tmp_path: Path) -> None:
+    """``_tied_weights_keys = ["lm_head.weight"]`` (Baichuan2, InternLM2, DeepSeek): tied to
+    the input embeddings when the config says so, and ``save_pretrained`` works."""
+    from transformers import AutoModelForCausalLM
+
+    root = tmp_path / "tied"
+    shutil.copytree(Path(__file__).parents[1] / "corpus" / "models" / "legacycache", root)
+    config = json.loads((root / "config.json").read_text())
+    (root / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    classes = codeferry.load(root, trust_remote_code=True)
+    model_class = classes["AutoModelForCausalLM"]
+    assert model_class._tied_weights_keys == ["lm_head.weight"]
+    model = AutoModelForCausalLM.from_config(classes["AutoConfig"].from_pretrained(root))
+    model.save_pretrained(tmp_path / "saved")
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
+    assert again.lm_head.weight is again.model.embed_tokens.weight
+    assert torch.equal(again.lm_head.weight, model.model.embed_tokens.weight)

@@ -137,6 +137,26 @@ class _TiedKeys:
 
 
 
+class _TiedList:
+    """transformers 4's ``_tied_weights_keys``, a list of the parameters tied to the input
+    embeddings, as transformers 5 reads it from a model: ``{target: source}``. Read from the
+    class, it is the list the code wrote."""
+
+    def __init__(self, keys: list[str] | tuple[str, ...]) -> None:
+        self.keys = list(keys)
+
+    def __get__(self, instance: Any, owner: type) -> Any:
+        if instance is None:
+            return self.keys
+        try:
+            embeddings = instance.get_input_embeddings()
+        except (NotImplementedError, AttributeError):
+            return {}
+        source = next((f"{name}.weight" for name, module in instance.named_modules()
+                       if module is embeddings), None)
+        return {key: source for key in self.keys} if source else {}
+
+
 def _without_none_mask(update: Callable[..., Any]) -> Callable[..., Any]:
     """transformers 5's ``generate`` keeps ``attention_mask: None`` where 4 kept the mask of
     ones; code that extends ``model_kwargs["attention_mask"]`` when the key is there gets
@@ -299,6 +319,11 @@ def shim_classes(module: types.ModuleType, registration: Any = None) -> None:
                 setattr(value, "_supports_default_dynamic_cache",  # noqa: B010
                         classmethod(_no_default_cache))
                 added.append(f"{value.__name__}._supports_default_dynamic_cache")
+            tied = vars(value).get("_tied_weights_keys")
+            if (isinstance(tied, (list, tuple))
+                    and hasattr(PreTrainedModel, "get_expanded_tied_weights_keys")):
+                setattr(value, "_tied_weights_keys", _TiedList(tied))  # noqa: B010
+                added.append(f"{value.__name__}._tied_weights_keys")
             update = vars(value).get("_update_model_kwargs_for_generation")
             if callable(update) and not hasattr(update, _MARK):
                 setattr(value, "_update_model_kwargs_for_generation",  # noqa: B010
