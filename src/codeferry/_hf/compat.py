@@ -138,9 +138,9 @@ class _TiedKeys:
 
 
 class _TiedList:
-    """transformers 4's ``_tied_weights_keys``, a list of the parameters tied to the input
-    embeddings, as transformers 5 reads it from a model: ``{target: source}``. Read from the
-    class, it is the list the code wrote."""
+    """transformers 4's list of the parameters tied to the input embeddings, as transformers 5
+    reads the class attribute from a model: ``{target: source}``. Read from the class, it is
+    the list the code wrote."""
 
     def __init__(self, keys: list[str] | tuple[str, ...]) -> None:
         self.keys = list(keys)
