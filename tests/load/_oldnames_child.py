@@ -1,5 +1,5 @@
 """Loads the ``oldnames`` folder with codeferry and prints, as JSON, which of its names are
-transformers' own: run by ``test_compat.py`` with another transformers release's Python."""
+transformers' own, and which of them this release has: run by ``test_compat.py``."""
 
 import json
 import sys
@@ -23,6 +23,9 @@ def main() -> None:
         "head_mask_is_transformers": model_class.get_head_mask is getattr(
             PreTrainedModel, "get_head_mask", None),
         "max_length": classes["AutoConfig"]().max_length,
+        "has": {"fx": hasattr(transformers.utils, "is_torch_fx_available"),
+                "cache": hasattr(DynamicCache, "from_legacy_cache"),
+                "head_mask": hasattr(PreTrainedModel, "get_head_mask")},
     }))
 
 

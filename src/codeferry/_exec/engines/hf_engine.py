@@ -101,10 +101,15 @@ class TransformersEngine:
         if key in failed:  # the model's own class could not load: say why, not "not found"
             raise failed[key]
         if key not in self.models:
-            dtype = getattr(torch, self.spec.dtype) if self.spec.dtype else None
+            # only a dtype asked for, in the word this release reads (``dtype`` where its
+            # configs have one, ``torch_dtype`` before): an unknown keyword reaches the
+            # model's own ``__init__``, which remote code written for transformers 4 refuses
+            dtype = {} if not self.spec.dtype else {
+                "dtype" if hasattr(transformers.PretrainedConfig, "dtype") else "torch_dtype":
+                getattr(torch, self.spec.dtype)}
             self.adopt(kind, auto.from_pretrained(self.spec.model,
                                                   revision=self.spec.options.revision,
-                                                  dtype=dtype, **self._with_config))
+                                                  **dtype, **self._with_config))
         return self.models[key]
 
     def adopt(self, kind: str, model: Any) -> None:

@@ -1,0 +1,79 @@
+"""The corpus's models, built alike on every transformers release, and their reference tokens.
+
+Each folder of ``models/`` is one family's code (see its README); ``build`` copies it with a
+tokenizer (the demo model's), makes random weights for its shrunk config, each tensor seeded by
+its name (so the floors and the newest release build the same weights), and saves them as
+safetensors. ``reference`` runs plain transformers, no codeferry, in a fresh interpreter:
+this Python, with the release a family's code needs first on its path (``RELEASES``).
+``GOLDEN`` holds those tokens, written on the floors (``python floors_reference.py --write``)
+and checked there by CI's floors stage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import codeferry
+
+HERE = Path(__file__).resolve().parent
+MODELS = HERE / "models"
+FAMILIES = sorted(p.name for p in MODELS.iterdir() if (p / "config.json").is_file())
+PROMPTS = ["hello", "the cat", "abc abc", "remote code", "zz", "a longer prompt here", "42", "q"]
+NEW_TOKENS = 12
+GOLDEN = HERE / "golden.json"
+#: Families whose code needs an older release than the floors: their reference runs with that
+#: transformers first on the path, installed beside the floors' environment
+#: (``pip install --no-deps --target <env>/transformers-X transformers==X``; CI's set-up does).
+RELEASES = {"chatglm": "4.48.3"}
+
+
+def build(family: str, root: Path) -> Path:
+    """The family's files, the demo model's tokenizer, and seeded weights, in ``root``."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = root / family
+    shutil.copytree(MODELS / family, folder,
+                    ignore=shutil.ignore_patterns("README.md", "__pycache__"))
+    demo = Path(codeferry.__file__).parent / "demo"
+    for name in ("tokenization_charlm.py", "tokenizer_config.json", "vocab.json"):
+        shutil.copy(demo / name, folder / name)
+    codeferry.load(folder, trust_remote_code=True)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
+    state = {}
+    for name, tensor in model.state_dict().items():
+        generator = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+        noise = torch.randn(tensor.shape, generator=generator) * 0.3
+        state[name] = (noise + (1.0 if name.endswith("norm.weight") else 0.0)).contiguous()
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def reference(folder: Path, python: str = sys.executable) -> list[list[int]]:
+    """The tokens plain transformers gives (``python``'s, or the family's own release)."""
+    path = ""
+    if folder.name in RELEASES:
+        release = Path(python).parents[1] / f"transformers-{RELEASES[folder.name]}"
+        assert (release / "transformers").is_dir(), f"install transformers into {release}"
+        path = str(release)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
+    done = subprocess.run([python, str(HERE / "_reference.py"), str(folder), str(NEW_TOKENS),
+                           *PROMPTS], capture_output=True, text=True, env=env, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    tokens: list[list[int]] = json.loads(done.stdout.strip().splitlines()[-1])
+    return tokens
+
+
+def golden() -> dict[str, list[list[int]]]:
+    """Each family's reference tokens, as written on its own release."""
+    tokens: dict[str, list[list[int]]] = json.loads(GOLDEN.read_text())
+    return tokens
