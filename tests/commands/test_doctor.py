@@ -70,15 +70,18 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert out["ok"] is True and out["workers"][0]["ok"] is True
 
 
-def no_cache_name(root: Path) -> Path:
-    """A model whose config lacks ``num_hidden_layers`` (no ``attribute_map`` to its
-    ``num_layers``): it loads and builds, but transformers' generate needs the name."""
+WHY = "past_key_values of another release"
+
+
+def cannot_generate(root: Path) -> Path:
+    """A model that loads, builds and runs forward, but whose ``prepare_inputs_for_generation``
+    raises, as code written against another release's generate does."""
     path = unique_model(root, "nh", tokenizer=True)
-    configuration = next(path.glob("configuration_*.py"))
-    text = configuration.read_text()
-    line = '    attribute_map = {"num_hidden_layers": "num_layers"}\n'
+    modeling = next(path.glob("modeling_*.py"))
+    text = modeling.read_text()
+    line = "    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **kwargs):\n"
     assert line in text
-    configuration.write_text(text.replace(line, ""))
+    modeling.write_text(text.replace(line, line + f"        raise KeyError({WHY!r})\n"))
     return path
 
 
@@ -87,9 +90,9 @@ def test_a_model_that_cannot_generate_fails_the_doctor_as_run_fails(tmp_path: Pa
     way in each worker, says so instead of ``ok``."""
     import codeferry
 
-    path = no_cache_name(tmp_path)
+    path = cannot_generate(tmp_path)
     with codeferry.Executor(path, workers=1, start_method="fork", trust_remote_code=True) as ex:
-        with pytest.raises(Exception, match="num_hidden_layers"):
+        with pytest.raises(Exception, match=WHY):
             ex.generate(["abc"], max_new_tokens=2)
     for method in ("spawn", "fork"):
         report = doctor(str(path), trust_remote_code=True, workers=2, start_method=method)
@@ -97,10 +100,10 @@ def test_a_model_that_cannot_generate_fails_the_doctor_as_run_fails(tmp_path: Pa
         for worker in report.workers:
             err = worker.error
             assert isinstance(err, DoctorCheckError) and err.check == "generate"
-            assert "num_hidden_layers" in str(err) and isinstance(err.__cause__, RemoteTraceback)
+            assert WHY in str(err) and isinstance(err.__cause__, RemoteTraceback)
         text = render_doctor(report)
         assert text.endswith("FAILED\n") and "worker 1  FAILED DoctorCheckError" in text
-        assert "num_hidden_layers" in text
+        assert WHY in text
 
 
 def test_the_doctor_generates_a_token_in_each_worker_as_run_does(tmp_path: Path) -> None:
