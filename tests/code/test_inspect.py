@@ -795,7 +795,8 @@ def test_cli_json(
     assert all({"path", "line", "guarded"} <= set(u) for u in torch_req["uses"])
     sub = [c for c in data["classes"] if c["source"] == "config.json:llm_config"]
     assert [c["key"] for c in sub] == ["AutoConfig"]
-    assert json.loads(json.dumps({**inspected("largest").to_json(), "doors": []})) == data
+    assert json.loads(json.dumps({**inspected("largest").to_json(), "doors": [],
+                                  "removed_names": []})) == data
 
 
 def test_cli_json_lists_problems_and_exits_1(

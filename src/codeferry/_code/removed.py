@@ -140,7 +140,7 @@ def scan(source: str | bytes) -> list[Use]:
     """Every use of a removed name in ``source``, in line order (none for unparsable code)."""
     try:
         tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # code too deep to parse
         return []
     uses: list[Use] = []
     for node in ast.walk(tree):
