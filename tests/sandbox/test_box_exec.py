@@ -8,27 +8,10 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _hostile import ATTEMPTS, listener, plant_home, write_hostile, write_script, write_uncaught
-
-
-@pytest.fixture(scope="module")
-def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return plant_home(tmp_path_factory.mktemp("home"))
-
-
-@pytest.fixture(scope="module")
-def hostile(tmp_path_factory: pytest.TempPathFactory, home: Path) -> Path:
-    return write_hostile(tmp_path_factory.mktemp("models"), home)
-
-
-@pytest.fixture(scope="module")
-def port() -> Iterator[int]:
-    with listener() as found:
-        yield found
+from _hostile import ATTEMPTS, write_script, write_uncaught
 
 
 def _exec(flags: list[str], command: list[str], cwd: Path, home: Path,

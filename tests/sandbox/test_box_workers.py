@@ -8,11 +8,10 @@ Real processes and the real kernel (Landlock, seccomp): nothing is mocked.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _hostile import ATTEMPTS, listener, plant_home, write_hostile
+from _hostile import ATTEMPTS
 
 import codeferry
 from codeferry.errors import (
@@ -31,22 +30,6 @@ NAMED = {
     "write_bashrc": ("open", ".bashrc"), "write_model": ("open", "planted.txt"),
     "shell": ("exec", "sh"), "signal_parent": ("kill", "pid"),
 }
-
-
-@pytest.fixture(scope="module")
-def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return plant_home(tmp_path_factory.mktemp("home"))
-
-
-@pytest.fixture(scope="module")
-def hostile(tmp_path_factory: pytest.TempPathFactory, home: Path) -> Path:
-    return write_hostile(tmp_path_factory.mktemp("models"), home)
-
-
-@pytest.fixture(scope="module")
-def port() -> Iterator[int]:
-    with listener() as found:
-        yield found
 
 
 @pytest.fixture
