@@ -1,7 +1,8 @@
 """Runs inside the vLLM environment (``CODEFERRY_VLLM_PYTHON``), one vLLM start per process.
 
 ``build ROOT``: tiny Llama models, one plain-architecture reference and remote-code copies
-of it (same weights and tokenizer, own ``model_type``) in the layouts of issue 10:
+of it (same weights and tokenizer, own ``model_type``) in the helper layouts plain vLLM
+cannot load:
 
 - ``plain``: ``modeling_xllama.py`` imports ``configuration_xllama.py``;
 - ``subpkg``: the modeling file also does ``from .ops.rope import apply_rotary``;

@@ -1,4 +1,4 @@
-"""Batch jobs as users already write them (issue 21), through ``codeferry run`` and
+"""Batch jobs as users already write them, through ``codeferry run`` and
 ``codeferry.run``: OpenAI batch lines in and out, chat messages, per-line parameters,
 extra keys passed through, stdin, the closing summary; and the inputs refused, typed."""
 

@@ -413,7 +413,7 @@ def test_a_replacement_that_hangs_while_starting_is_not_tried_again(
     flag = tmp_path / "hang"
     monkeypatch.setenv("CODEFERRY_TEST_HANG_AT_START", str(flag))
     ex = codeferry.Executor(path, workers=1, start_method="fork", trust_remote_code=True,
-                            max_retries=2, startup_timeout=30)
+                            max_retries=2, startup_timeout=15)
     with ex, caplog.at_level(logging.WARNING, logger="codeferry._exec.scheduler"):
         flag.touch()  # from now on every start hangs
         pid = ex.pids[0]
@@ -424,7 +424,7 @@ def test_a_replacement_that_hangs_while_starting_is_not_tried_again(
         while ex._scheduler.failure is None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert ex._scheduler.failure is not None
-        assert time.monotonic() - started < 30 * 2  # one timeout, not three
+        assert time.monotonic() - started < 15 * 2  # one timeout, not three
         with pytest.raises(BrokenExecutorError) as info:
             ex.generate(["hello"])
         assert isinstance(info.value.__cause__, WorkerStartupError)

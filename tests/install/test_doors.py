@@ -1,4 +1,4 @@
-"""Every door transformers opens to a repo's Python passes one gate (issue 19).
+"""Every door transformers opens to a repo's Python passes one gate.
 
 transformers runs a repo's code through ``auto_map`` and through ``custom_generate/``
 (``from_pretrained`` and ``generate(custom_generate=...)``). Each case runs in a new process

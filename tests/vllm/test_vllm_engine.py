@@ -1,4 +1,4 @@
-"""vLLM as the executor's engine (issue 20): ``Executor(engine="vllm" | "auto")`` in real vLLM.
+"""vLLM as the executor's engine: ``Executor(engine="vllm" | "auto")`` in real vLLM.
 
 One child process in the vLLM environment (``tests/_vllm_engine_child.py``) runs the same
 calls through ``engine="transformers"`` and ``engine="auto"`` (vLLM generating) on a

@@ -1,4 +1,4 @@
-"""One OpenAI batch file through real ``vllm run-batch`` and through ``codeferry run`` (issue 21).
+"""One OpenAI batch file through real ``vllm run-batch`` and through ``codeferry run``.
 
 The same tiny Llama (``tests/_vllm_child.py build``'s reference model, written by vLLM's own
 transformers once per session, ``tests/vllm/conftest.py``; a copy with a chat template added) and the same file of chat requests, greedy, with

@@ -1,4 +1,4 @@
-"""``Executor.generate``/``chat`` with per-request parameters (issue 21), in real workers.
+"""``Executor.generate``/``chat`` with per-request parameters, in real workers.
 
 One executor per module on a tiny remote-code model with a chat template; a second one on
 a model whose ``generation_config.json`` asks for sampling.

@@ -1,4 +1,4 @@
-"""Per-request parameters (issue 21), the pure part: values checked, defaults layered in the
+"""Per-request parameters, the pure part: values checked, defaults layered in the
 order request > run > the model's generation_config > neutral, groups that may share a
 ``generate`` call, stop strings."""
 

@@ -213,6 +213,10 @@ def test_executor_workers_give_outputs_that_match(llama: tuple[Path, Any, Any]) 
     requests = [codeferry.Request(prompt=p, params=params) for params in kinds.values()
                 for p in PROMPTS] + [codeferry.Request(prompt=p, params=plain) for p in PROMPTS]
     requests += [codeferry.Request(prompt="x", params=params) for params in sampled]
+    # json_object: any JSON object; this model closes four at once and writes whitespace
+    # in the other two until the cap
+    anything = SamplingParams.from_body({**body, "response_format": {"type": "json_object"}})
+    requests += [codeferry.Request(prompt=p, params=anything) for p in PROMPTS]
     texts = {}
     for path in ("auto", "batched"):
         with codeferry.Executor(folder, workers=1, generate_path=path) as ex:
@@ -227,9 +231,13 @@ def test_executor_workers_give_outputs_that_match(llama: tuple[Path, Any, Any]) 
         assert all(r.text in CHOICES for r in by_kind["choice"])
         assert all(re.fullmatch(REGEX, r.text) for r in by_kind["regex"])
         assert len({r.text for r in by_kind["choice"]}) > 1  # the model chose, not the mask
+        objects, results = results[-len(PROMPTS):], results[:-len(PROMPTS)]
+        closed = [json.loads(r.text) for r in objects if r.finish_reason == "stop"]
+        assert len(closed) >= 4 and all(isinstance(v, dict) for v in closed), objects
+        assert all(r.text.startswith("{") for r in objects), objects  # the rest: cut by length
         draws = [c.text for r in results[-len(sampled):] for c in r.completions]
         assert len(draws) == 6 and all(re.fullmatch(REGEX, t) for t in draws), draws
         results = results[:-len(sampled)]
         assert [r.text for r in results[-len(PROMPTS):]] == [r.text for r in alone]
-        texts[path] = [r.text for r in results]
+        texts[path] = [r.text for r in results + objects]
     assert texts["auto"] == texts["batched"]
