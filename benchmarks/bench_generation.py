@@ -27,7 +27,17 @@ short):
 - ``sampled``: the same with temperature 0.8, top-k 40, top-p 0.95 (each way draws its own
   numbers: token counts differ a little between ways, the table counts each way's own);
 - ``forced16``: ``bench_vs_vllm.py``'s old workload on this model: 16 new tokens, greedy,
-  every output exactly 16 (``min_new_tokens``; ``min_tokens`` and ``ignore_eos`` for vLLM).
+  every output exactly 16 (``min_new_tokens``; ``min_tokens`` and ``ignore_eos`` for vLLM);
+- ``capped``: greedy, every output ``--max-new-tokens`` long, as in a job whose outputs
+  reach their cap (``min_new_tokens`` as above).
+
+Neighbours (``--neighbour``, one or more): the machine's other work, started before each
+round's calls under it and stopped after: ``none``; ``one-core``, one process spinning (a
+core's worth of work, placed by the kernel); ``half-both``, two processes each busy half
+the time (5 ms on, 5 ms off), so both cores are half taken. Every round runs every way under
+every neighbour in turn (A B C under each, then the next round), and the table gives each
+way's median tok/s per neighbour with the range over rounds, its ratio to vLLM CPU under
+the same neighbour, and the share of its quiet speed it kept.
 
 Ways: vLLM CPU (``LLM`` defaults but the dtype: it is given the model's, where its own
 default would run a float32 model in bfloat16; ``VLLM_CPU_KVCACHE_SPACE=1``), vLLM's
@@ -216,6 +226,8 @@ class Way:
     note: str = ""
     peaks: list[int] = field(default_factory=list)
     gpu_peaks: list[int] = field(default_factory=list)
+    #: Seconds of each timed call, by neighbour (``run_ways``).
+    runs: dict[str, list[float]] = field(default_factory=dict)
 
 
 def executor_way(label: str, path: str, prompts: list[str], options: dict[str, Any],
@@ -402,16 +414,48 @@ def vllm_params(options: dict[str, Any], eos: list[int]) -> dict[str, Any]:
     return {"temperature": 0.0, "max_tokens": new, "stop_token_ids": eos}
 
 
-def run_ways(ways: list[Way], reps: int) -> None:
-    """A warm-up call of every way, then ``reps`` rounds of one call of every way each."""
+#: The neighbours' programs (``--neighbour``): how many processes, and what each runs.
+NEIGHBOURS: dict[str, tuple[int, str]] = {
+    "none": (0, ""),
+    "one-core": (1, "while True:\n    pass\n"),
+    "half-both": (2, "import time\nwhile True:\n    end = time.perf_counter() + 0.005\n"
+                     "    while time.perf_counter() < end:\n        pass\n"
+                     "    time.sleep(0.005)\n"),
+}
+
+
+@contextlib.contextmanager
+def neighbour(name: str) -> Any:
+    """The machine's other work (``NEIGHBOURS[name]``) while the block runs."""
+    import subprocess
+
+    count, program = NEIGHBOURS[name]
+    procs = [subprocess.Popen([sys.executable, "-c", program]) for _ in range(count)]
+    try:
+        time.sleep(0.5 if procs else 0)  # running before the first call starts
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def run_ways(ways: list[Way], reps: int, neighbours: tuple[str, ...] = ("none",)) -> None:
+    """A warm-up call of every way, then ``reps`` rounds: in each, every neighbour in turn,
+    and under it one call of every way."""
     for way in ways:
         way.texts = (way.warm or way.call)()[0]
     for _ in range(reps):
-        for way in ways:
-            start = time.perf_counter()
-            way.texts, first = way.call()
-            way.times.append(time.perf_counter() - start)
-            way.firsts.append(first)
+        for name in neighbours:
+            with neighbour(name):
+                for way in ways:
+                    start = time.perf_counter()
+                    texts, first = way.call()
+                    way.runs.setdefault(name, []).append(time.perf_counter() - start)
+                    if name == neighbours[0]:
+                        way.texts = texts
+                        way.times.append(way.runs[name][-1])
+                        way.firsts.append(first)
     for way in ways:
         way.peaks = way.peak()
         way.gpu_peaks = way.gpu_peak()
@@ -443,6 +487,35 @@ def table(name: str, new: int, prompts: list[str], ways: list[Way],
         print(f"| {way.label} | {rate:.1f} | {ratio} | {len(prompts) / median:.2f} | {first:.2f} "
               f"| {startup} | {peak} | {sum(count(t, new) for t in way.texts)} | {same} "
               f"| {way.note} |")
+    neighbours = list(ways[0].runs) if ways else []
+    if len(neighbours) > 1:
+        neighbour_table(name, new, ways, neighbours)
+
+
+def neighbour_table(name: str, new: int, ways: list[Way], neighbours: list[str]) -> None:
+    """Each way's tok/s under each neighbour: median [min-max] over rounds, the ratio of
+    medians to vLLM CPU's under the same neighbour, and the share of its quiet median kept."""
+    def rates(way: Way, where: str) -> list[float]:
+        tokens = sum(count(t, new) for t in way.texts)  # greedy: the same texts every round
+        return sorted(tokens / s for s in way.runs[where])
+
+    base = next((w for w in ways if w.label == VllmEngine.LABELS["auto"]), None)
+    print(f"\n### {name} beside neighbours: tok/s median [min-max] of {len(ways[0].runs[neighbours[0]])}"
+          " rounds, vs vLLM CPU under the same neighbour, share of its quiet speed kept\n")
+    print("| way | " + " | ".join(neighbours) + " |")
+    print("|---|" + "---:|" * len(neighbours))
+    for way in ways:
+        cells = []
+        quiet = statistics.median(rates(way, neighbours[0]))
+        for where in neighbours:
+            got = rates(way, where)
+            cell = f"{statistics.median(got):.0f} [{got[0]:.0f}-{got[-1]:.0f}]"
+            if base is not None:
+                cell += f", {statistics.median(got) / statistics.median(rates(base, where)):.2f}x"
+            if where != neighbours[0]:
+                cell += f", kept {statistics.median(got) / quiet:.0%}"
+            cells.append(cell)
+        print(f"| {way.label} | " + " | ".join(cells) + " |")
 
 
 def main() -> int:
@@ -455,7 +528,13 @@ def main() -> int:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                         help="the dtype the model is saved in; every way runs it (vLLM is "
                         "given it: its own default would run a float32 model in bfloat16)")
-    parser.add_argument("--workload", action="append", choices=["greedy", "sampled", "forced16"])
+    parser.add_argument("--workload", action="append",
+                        choices=["greedy", "sampled", "forced16", "capped"])
+    parser.add_argument("--neighbour", action="append", choices=sorted(NEIGHBOURS),
+                        help="the machine's other work during the timed calls, one or more "
+                        "(default: none); each round runs every way under each in turn")
+    parser.add_argument("--vllm-impl", action="append", choices=["auto", "transformers"],
+                        help="vLLM's ways (default: both)")
     parser.add_argument("--setting", action="append", default=None,
                         help="Executor settings (JSON) besides the defaults; default: "
                         + " ".join(SETTINGS))
@@ -463,7 +542,8 @@ def main() -> int:
                         help="where codeferry's ways and the plain loop run (cpu, cuda); "
                         "vLLM's ways are vLLM CPU's wherever this is")
     parser.add_argument("--plain-batch", type=int, action="append", default=None,
-                        help=f"the plain loop's batch size, one way each (default {be.BATCH})")
+                        help=f"the plain loop's batch size, one way each (default {be.BATCH}; "
+                        "0: no plain loop)")
     parser.add_argument("--budget-s", type=float, default=None,
                         help="start no workload after this many seconds (a leased machine)")
     args = parser.parse_args()
@@ -493,9 +573,12 @@ def main() -> int:
               f"stdev {made['spread']:.1f}) of {args.max_new_tokens}")
         new = args.max_new_tokens
         options = {"greedy": {"max_new_tokens": new}, "sampled": {"max_new_tokens": new, **SAMPLED},
-                   "forced16": {"max_new_tokens": 16, "min_new_tokens": 16}}
+                   "forced16": {"max_new_tokens": 16, "min_new_tokens": 16},
+                   "capped": {"max_new_tokens": new, "min_new_tokens": new}}
         engines = [VllmEngine(args.vllm_python, str(path), impl, args.dtype, root)
-                   for impl in ("auto", "transformers")] if args.vllm_python else []
+                   for impl in args.vllm_impl or ("auto", "transformers")
+                   ] if args.vllm_python else []
+        neighbours = tuple(dict.fromkeys(args.neighbour or ["none"]))
         where = {} if args.device == "cpu" else {"device": args.device}
         for workload in chosen:
             if args.budget_s is not None and time.perf_counter() - started > args.budget_s:
@@ -511,13 +594,14 @@ def main() -> int:
                 tried.append(started_way(f"codeferry Executor({setting})", str(path), prompts,
                                          opts, **where, **json.loads(setting)))
             plains = [plain_way(str(path), prompts, opts, args.device, size)
-                      for size in args.plain_batch or [be.BATCH]]
+                      for size in args.plain_batch or [be.BATCH] if size > 0]
             ways += [w for w in tried if w is not None] + plains
-            run_ways(ways, args.reps)
+            run_ways(ways, args.reps, neighbours)
             for way in ways:
                 way.close()
             limit = opts["max_new_tokens"]
-            table(workload, limit, prompts, ways, plains[0].texts)
+            table(workload, limit, prompts, ways, plains[0].texts if plains else
+                  (ways[0].texts if workload != "sampled" and ways else None))
             sys.stdout.flush()
         for engine in engines:
             engine.close()
