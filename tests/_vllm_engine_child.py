@@ -93,7 +93,8 @@ def run_and_resume(model: str, work: Path) -> dict[str, Any]:
     source, output = work / "in.jsonl", work / "out.jsonl"
     source.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n"
                               for i, p in enumerate(PROMPTS)))
-    done = run(model, source, output, max_new_tokens=4, trust_remote_code=True, progress=False)
+    done = run(model, source, output, max_new_tokens=4, trust_remote_code=True, progress=False,
+               workers=1)
     recorded = json.loads(record_path(output).read_text())
     source.write_text(source.read_text() + json.dumps({"id": 99, "prompt": "w5 w6"}) + "\n")
     before = output.read_bytes()

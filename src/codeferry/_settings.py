@@ -122,9 +122,9 @@ SETTINGS: tuple[Setting, ...] = (
         "`0` keeps a model's own attention in a CPU worker's decode loop; on, codeferry's attention runs there: rows attend in runs that skip padding, and a bfloat16 or float16 model's keys and values are stored and attended in float32 (faster on CPU, that cache twice the bytes; see the executor page)",
     ),
     Setting(
-        ("VLLM_ENABLE_V1_MULTIPROCESSING",),
-        "vLLM's (on)",
-        "vLLM's own variable, which codeferry writes and never reads: an executor worker with `engine=\"vllm\"` sets it to `0` before it builds its engine, so that vLLM's EngineCore runs inside the worker (a worker is a daemonic process, which may start none of its own; see the executor page)",
+        ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS"),
+        "vLLM's (on); unset",
+        "vLLM's and OpenMP's own variables, which codeferry writes and never reads: an executor worker with `engine=\"vllm\"` sets the first to `0` before it builds its engine, so that vLLM's EngineCore runs inside the worker (a daemonic process, which may start none of its own), and the second, where unset, to the worker's threads (vLLM would cut torch to one; see the executor page)",
     ),
     Setting(
         ("CODEFERRY_LOCK",),
@@ -314,10 +314,13 @@ def set_lock_file(path: str | None) -> None:
         os.environ["CODEFERRY_LOCK"] = path
 
 
-def vllm_in_process() -> None:
+def vllm_in_process(threads: int) -> None:
     """Ask vLLM (read when it builds an engine) to run its EngineCore in this process: an
-    executor worker is a daemonic process, which may start no processes of its own."""
+    executor worker is a daemonic process, which may start no processes of its own. And to
+    keep the worker's ``threads``: vLLM cuts torch to one thread for serving unless
+    ``OMP_NUM_THREADS`` is set, and a value the user set stays theirs."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
 
 def install_switch() -> bool:

@@ -161,18 +161,17 @@ class Executor:
         if worker.backend == "local":
             # Mistakes a worker would only report as an exit code: refused here, typed.
             check_main_guard("spawn" if worker.warm else worker.start_method)  # the zygote is spawned
-        #: The engine the workers get, and why (``choose_engine``); one vLLM engine batches
-        #: every row itself, on every core: one worker unless told otherwise.
+        #: The engine the workers get, and why (``choose_engine``); either engine is laid out
+        #: alike (``layout``: workers of one thread each hold up beside other work).
         request = sandbox_request(worker)  # refused first; in the box, 'auto' is transformers
         tasks = model.tasks if isinstance(model, Plan) else preload
         self.engine, self.engine_reason = choose_engine(
             "transformers" if request else worker.engine, worker.backend, tasks)
-        count = 1 if worker.workers is None and self.engine != "transformers" else worker.workers
         plan = model if isinstance(model, Plan) else prepare(
             model, options, tasks=preload, device=worker.device, dtype=worker.dtype,
             digest=digest, local_device=worker.backend == "local")
         bundle, decision, device = plan.bundle, plan.decision, plan.device
-        count, threads = layout(device, worker.backend, count, worker.threads_per_worker,
+        count, threads = layout(device, worker.backend, worker.workers, worker.threads_per_worker,
                                 cpus=cpus(), devices=devices(device, worker.backend),
                                 ray_cpus=(worker.ray_resources or {}).get("num_cpus", 1))
         if decision.lock is not None:

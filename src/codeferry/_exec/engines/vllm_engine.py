@@ -249,7 +249,11 @@ class VllmEngine:
             config_class: Any = self.classes.get("AutoConfig") or AutoConfig
             self.config = GenerationConfig.from_model_config(
                 config_class.from_pretrained(spec.model, revision=options.revision))
-        _settings.vllm_in_process()  # one process, one engine: no EngineCore of its own
+        # one process, one engine, the worker's threads (``layout``): no EngineCore of its own
+        import torch
+
+        torch.set_num_threads(max(1, spec.threads))
+        _settings.vllm_in_process(max(1, spec.threads))
         from vllm import LLM
 
         try:
