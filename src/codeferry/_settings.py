@@ -36,6 +36,7 @@ __all__ = [
     "install_switch",
     "lock_switched_off",
     "set_lock_file",
+    "vllm_cache_size_set",
     "vllm_in_process",
     "lock_file",
     "markdown",
@@ -122,9 +123,9 @@ SETTINGS: tuple[Setting, ...] = (
         "`0` keeps a model's own attention in a CPU worker's decode loop; on, codeferry's attention runs there: rows attend in runs that skip padding, and a bfloat16 or float16 model's keys and values are stored and attended in float32 (faster on CPU, that cache twice the bytes; see the executor page)",
     ),
     Setting(
-        ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS"),
-        "vLLM's (on); unset",
-        "vLLM's and OpenMP's own variables, which codeferry writes and never reads: an executor worker with `engine=\"vllm\"` sets the first to `0` before it builds its engine, so that vLLM's EngineCore runs inside the worker (a daemonic process, which may start none of its own), and the second, where unset, to the worker's threads (vLLM would cut torch to one; see the executor page)",
+        ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS", "VLLM_CPU_KVCACHE_SPACE"),
+        "vLLM's (on); unset; unset",
+        "vLLM's and OpenMP's own variables, which codeferry writes and never reads: an executor worker with `engine=\"vllm\"` sets the first to `0` before it builds its engine, so that vLLM's EngineCore runs inside the worker (a daemonic process, which may start none of its own), and the second, where unset, to the worker's threads (vLLM would cut torch to one; see the executor page); without the third, the workers on a CPU machine divide half the memory free at their start",
     ),
     Setting(
         ("CODEFERRY_LOCK",),
@@ -321,6 +322,12 @@ def vllm_in_process(threads: int) -> None:
     ``OMP_NUM_THREADS`` is set, and a value the user set stays theirs."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+
+
+def vllm_cache_size_set() -> bool:
+    """Whether ``VLLM_CPU_KVCACHE_SPACE`` (vLLM's own) sizes a CPU engine's cache: without it
+    the workers of a machine divide half its free memory (``vllm_engine``)."""
+    return bool(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "").strip())
 
 
 def install_switch() -> bool:

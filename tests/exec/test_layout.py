@@ -40,3 +40,30 @@ def test_the_cores_are_those_this_process_may_use() -> None:
     import os
 
     assert cpus() == len(os.sched_getaffinity(0))
+
+
+def test_vllm_workers_of_one_machine_divide_half_its_free_memory(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's own default asks for 92% of a CPU machine's memory per engine: the second
+    worker's was killed for memory. Without ``VLLM_CPU_KVCACHE_SPACE`` or the caller's own
+    option, the workers divide half the memory free now."""
+    import os
+    from types import SimpleNamespace
+
+    from codeferry._exec.engines.vllm_engine import _memory_share
+    from codeferry._exec.generate.packing import available_bytes
+
+    def spec(device: str = "cpu", sharing: int = 2, **options: float) -> SimpleNamespace:
+        return SimpleNamespace(device=device, sharing=sharing,
+                               engine=SimpleNamespace(vllm_options=tuple(options.items())))
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    free, total = available_bytes(), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert free is not None
+    share = _memory_share(spec())["gpu_memory_utilization"]
+    assert abs(share * total * 2 - free / 2) < 0.05 * total  # two shares: half of what is free
+    assert _memory_share(spec(sharing=1))["gpu_memory_utilization"] > share
+    assert _memory_share(spec(gpu_memory_utilization=0.3)) == {}  # the caller's wins
+    assert _memory_share(spec(device="cuda:0")) == {}  # a device's memory is vLLM's to share
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
+    assert _memory_share(spec()) == {}

@@ -132,12 +132,12 @@ def test_no_upcast_without_room_for_the_float32_copies(monkeypatch: pytest.Monke
     monkeypatch.setattr(packing, "native_dtypes", lambda: {torch.float32})
     model = tiny_llama().to(torch.bfloat16)
     weights = sum(m.weight.numel() for m in model.modules() if type(m) is torch.nn.Linear)
-    monkeypatch.setattr(packing, "_available_bytes", lambda: 2 * 4 * weights - 2)
+    monkeypatch.setattr(packing, "available_bytes", lambda: 2 * 4 * weights - 2)
     with caplog.at_level("WARNING", logger=packing.__name__):
         assert pack_linears(model) == 0  # the copies would take more than half of what is free
     assert "bfloat16 layers keep PyTorch's own matmul" in caplog.text
     assert "x 1 workers" in caplog.text
-    monkeypatch.setattr(packing, "_available_bytes", lambda: 2 * 4 * weights)
+    monkeypatch.setattr(packing, "available_bytes", lambda: 2 * 4 * weights)
     # Two workers building at once each see this much free: together they would not fit.
     assert pack_linears(model, sharing=2) == 0
     assert "x 2 workers" in caplog.text

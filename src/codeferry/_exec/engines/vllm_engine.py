@@ -35,6 +35,7 @@ from typing import Any
 from ... import _settings
 from ...errors import EngineRefusedError, ExtraMissingError
 from ..generate.complete import Planned, Renderer, plan
+from ..generate.packing import available_bytes
 from ..generate.params import GenerateResult, Request, Resolved, SamplingParams
 from .base import Complete
 
@@ -204,6 +205,25 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {found[:300]}"
 
 
+def _memory_share(spec: Any) -> dict[str, float]:
+    """A CPU engine's share of the machine's memory. Without ``VLLM_CPU_KVCACHE_SPACE`` vLLM
+    asks for 92% of all of it, which a machine running anything else does not have free
+    (vLLM refuses to start) and two workers would each take (the second is killed for
+    memory). So the workers of one machine divide half the memory free when they start,
+    leaving the rest to the caller, the workers' own models and the machine's other work.
+    Options the caller gives win."""
+    import os
+
+    given = {"gpu_memory_utilization", "kv_cache_memory_bytes"} & {
+        name for name, _ in spec.engine.vllm_options}
+    free = available_bytes()
+    if not spec.device.startswith("cpu") or given or free is None or (
+            _settings.vllm_cache_size_set()):
+        return {}
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {"gpu_memory_utilization": round(free / 2 / max(1, spec.sharing) / total, 3)}
+
+
 class VllmEngine:
     """A worker's engine that generates with ``vllm.LLM`` (the module docstring says how)."""
 
@@ -262,7 +282,7 @@ class VllmEngine:
                               "dtype": spec.dtype or _saved_dtype(spec.model), "seed": 0,
                               "enforce_eager": EAGER,
                               "structured_outputs_config": {"backend": STRUCTURED_BACKEND},
-                              **dict(spec.engine.vllm_options)})
+                              **_memory_share(spec), **dict(spec.engine.vllm_options)})
         except Exception as exc:
             raise EngineRefusedError(
                 f"vLLM {version} could not run {Path(spec.model).name}: {_why(exc)}.",

@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-__all__ = ["native_dtypes", "pack_linears"]
+__all__ = ["available_bytes", "native_dtypes", "pack_linears"]
 
 #: The rows oneDNN plans the packed layout for: a decode batch of about this many rows.
 ROWS_HINT = 32
@@ -97,7 +97,7 @@ def _agrees(packed: _Packed) -> bool:
                                                              else 2e-2))
 
 
-def _available_bytes() -> int | None:
+def available_bytes() -> int | None:
     """``MemAvailable`` of ``/proc/meminfo`` (Linux); ``None`` where there is none."""
     try:
         with open("/proc/meminfo", encoding="ascii") as handle:
@@ -138,7 +138,7 @@ def pack_linears(model: Any, *, sharing: int = 1) -> int:
                 if _eligible(m, (torch.float32, torch.bfloat16, torch.float16))]
     upcast = [m for m in eligible if m.weight.dtype in halves]
     upcast_bytes = sum(4 * m.weight.numel() for m in upcast)
-    free = _available_bytes() if upcast else None
+    free = available_bytes() if upcast else None
     if free is not None and upcast_bytes * max(1, sharing) > free // 2:
         names = "/".join(sorted({str(m.weight.dtype).removeprefix("torch.") for m in upcast}))
         logger.warning(
