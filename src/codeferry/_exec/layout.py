@@ -15,7 +15,9 @@ tokens level. Again on another machine, with codeferry's attention and prefill g
 (``docs/benchmarks.md``, 2026-12-02 afternoon): float32 greedy 1.07x against 0.95x, 16
 forced tokens 1.01x against 1.22x; bfloat16 greedy 0.82x against 0.80x, 16 forced tokens
 0.70x against 0.97x; 217M greedy level (0.99x). Neither wins everywhere; two workers
-never fall far, so they stay.
+never fall far, so they stay. Beside a process spinning on one core (``bench_generation.py
+--neighbour``, 2026-12-06), one vLLM worker of two threads kept 19% of its quiet speed and
+two of one thread 63%: the vLLM engine gets this layout too.
 
 An accelerator: one worker per visible device (more would share a device's memory).
 Ray: two actors; the cluster's shape is not known until it is reached, so ``workers`` and
