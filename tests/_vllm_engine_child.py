@@ -30,6 +30,13 @@ def lock_digest(worker: Any) -> str | None:
     return read_lock(path).digest if path else None
 
 
+def threads(worker: Any) -> list[Any]:
+    """In a worker: torch's threads and the ``OMP_NUM_THREADS`` its vLLM read."""
+    import torch
+
+    return [torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")]
+
+
 def results(rows: list[Any]) -> list[dict[str, Any]]:
     return [{"prompt_tokens": r.prompt_tokens,
              "completions": [{"text": c.text, "tokens": list(c.token_ids),
@@ -73,7 +80,7 @@ def run_engine(model: str, engine: str, reference: list[dict[str, Any]] | None) 
                   engine_options=FAST if engine != "transformers" else None) as ex:
         out.update(startup_s=time.perf_counter() - started, engine=ex.engine,
                    info=ex.worker_info, digest=ex.digest,
-                   lock=ex.collective_rpc(lock_digest))
+                   lock=ex.collective_rpc(lock_digest), threads=ex.collective_rpc(threads))
         plain = [SamplingParams(max_tokens=8, temperature=0)] * len(PROMPTS)
         out["plain"] = results(ex.generate(PROMPTS, plain))
         out["ends"] = results(ex.generate(PROMPTS, greedy_params(reference or out["plain"])))

@@ -72,6 +72,9 @@ def test_vllm_gives_the_transformers_engines_greedy_results(report: dict[str, An
     assert theirs["engine"] == "auto" and ours["engine"] == "transformers"
     # both engines laid out alike: workers of one thread each (two on 2 cores)
     assert [i["generate_path"] for i in theirs["info"]] == ["vllm"] * len(ours["info"])
+    # each vLLM keeps its worker's share of the cores (vLLM alone would cut torch to one)
+    assert [t for t, _ in theirs["threads"]] == [t for t, _ in ours["threads"]]
+    assert [omp for _, omp in theirs["threads"]] == [str(t) for t, _ in ours["threads"]]
     for call in ("plain", "ends"):
         for mine, vllm in zip(ours[call], theirs[call], strict=True):
             a, b = mine["completions"][0], vllm["completions"][0]
