@@ -105,6 +105,9 @@ def files(path):
     open(path, "w")  # expect: file-write
     open(path, mode="a+")  # expect: file-write
     open(path)
+    open("/etc/shadow")  # expect: file-read
+    (Path.home() / ".netrc").read_text()  # expect: file-read
+    open("/proc/self/status")
     open(CACHE, "w")
     (HERE / "sub" / "x.txt").write_text("x")
     os.makedirs(os.path.join(os.path.dirname(__file__), "cache"), exist_ok=True)
@@ -133,6 +136,8 @@ def environment():
     os.environ["HF_HUB_OFFLINE"] = "0"  # expect: environment
     os.environ.update({"A": "1"})  # expect: environment
     os.environ.get("A")
+    os.environ.get("HF_TOKEN")  # expect: environment
+    dict(os.environ)  # expect: environment
     os.putenv("A", "1")  # expect: environment
     sys.path.insert(0, "/tmp")  # expect: environment
     sys.modules["transformers"] = None  # expect: environment
@@ -301,7 +306,8 @@ SNIPPETS: list[tuple[str, set[str]]] = [
     ("import ctypes\nlib = ctypes.cdll.LoadLibrary('x.so')\n", {"native-code"}),
     ("import torch\ntorch.hub.load('org/repo', 'model')\n", {"network", "dynamic-code"}),
     ("import os\nfd = os.open('/tmp/x', os.O_WRONLY | os.O_CREAT)\n", {"file-write"}),
-    ("import os\nfd = os.open('/tmp/x', os.O_RDONLY)\n", set()),
+    ("import os\nfd = os.open('/tmp/x', os.O_RDONLY)\n", {"file-read"}),
+    ("import os\nfd = os.open('/dev/null', os.O_RDONLY)\n", set()),
 ]
 
 
@@ -329,7 +335,7 @@ def test_json_output(sneaky: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert list(data["counts"]) == list(CATEGORIES)
     assert sum(data["counts"].values()) == len(data["findings"])
     first = data["findings"][0]
-    assert set(first) == {"category", "file", "repo", "line", "col", "code", "reason"}
+    assert set(first) == {"category", "file", "repo", "line", "col", "code", "reason", "sandbox"}
     assert {(f["line"], f["category"]) for f in data["findings"]} == expected(SNEAKY)
 
 

@@ -22,7 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["Policy", "Request", "build_policy", "is_credential", "scrubbed", "elf_interpreter"]
+__all__ = ["Policy", "Request", "build_policy", "is_credential", "scrubbed", "elf_interpreter",
+           "system_reads", "python_reads", "device_writes"]
 
 #: System folders every dynamically linked interpreter reads (libraries, zone data).
 _SYSTEM = ("/usr", "/lib", "/lib64", "/lib32", "/usr/lib64", "/etc/ld.so.cache",
@@ -109,6 +110,24 @@ def elf_interpreter(executable: str) -> str | None:
     return None
 
 
+def system_reads(proc: str) -> tuple[str, ...]:
+    """What every box lets its process read, whatever the machine: system libraries, the
+    kernel facts torch reads (``proc``: the process's own ``/proc`` folder), harmless devices."""
+    return (*_SYSTEM, *(f"{proc}/{name}" for name in _PROC_SELF), *_KERNEL, *_DEVICES_READ)
+
+
+def python_reads() -> list[str]:
+    """The Python environment a box lets its process read: the interpreter's prefixes and the
+    library folders of ``sys.path`` (``_library_path``)."""
+    prefixes = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
+    return [*prefixes, *_library_path(prefixes)]
+
+
+def device_writes() -> tuple[str, ...]:
+    """The devices every box lets its process write (and read): ``/dev/null``, ``/dev/shm``."""
+    return _DEVICES_WRITE
+
+
 def _opens_home(path: str, home: str) -> bool:
     """Whether granting ``path`` would grant the home directory (or all of ``/``)."""
     return path == "/" or home == path or home.startswith(path.rstrip("/") + "/")
@@ -147,10 +166,8 @@ def build_policy(request: Request, *, model_paths: Iterable[str], scratch: str, 
     the store is content-addressed and verified on every read, so what boxed code writes
     there is refused by every reader); ``home`` is the home directory, never granted whole."""
     home = os.path.realpath(home)
-    prefixes = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
-    environment = [*prefixes, *_library_path(prefixes), *_SYSTEM]
-    proc = [f"/proc/{os.getpid()}/{name}" for name in _PROC_SELF]
-    read = _existing([*environment, *model_paths, *proc, *_KERNEL, *_DEVICES_READ], home)
+    system = system_reads(f"/proc/{os.getpid()}")
+    read = _existing([*python_reads(), *model_paths, *system], home)
     read += _existing(request.read, home, guard=False)
     write = _existing([scratch, *stores], home) + _existing(request.write, home, guard=False)
     programs = [sys.executable, *request.execute]

@@ -19,6 +19,7 @@ CATEGORIES: tuple[str, ...] = (
     "network",
     "dynamic-code",
     "native-code",
+    "file-read",
     "file-write",
     "unpickle",
     "environment",
@@ -27,7 +28,12 @@ CATEGORIES: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class Finding:
-    """One thing the code can do: ``path`` is relative to its repo (``repo=None``: the model's)."""
+    """One thing the code can do: ``path`` is relative to its repo (``repo=None``: the model's).
+
+    ``box`` says what the box (``--sandbox``) does with it, so a user knows before running
+    which lines would fail there: ``refused...``, or how it is limited; empty when the box
+    lets it be.
+    """
 
     repo: str | None
     path: str
@@ -36,6 +42,12 @@ class Finding:
     category: str
     code: str
     reason: str
+    box: str = ""
+
+    @property
+    def refused(self) -> bool:
+        """Whether the box refuses it (surely, or unless what the note names holds)."""
+        return self.box.startswith("refused")
 
     @property
     def file(self) -> str:
@@ -55,6 +67,7 @@ class Finding:
             "col": self.col,
             "code": self.code,
             "reason": self.reason,
+            "sandbox": self.box or None,
         }
 
 
@@ -74,6 +87,11 @@ class AuditReport:
         for finding in self.findings:
             counts[finding.category] += 1
         return counts
+
+    @property
+    def refused(self) -> tuple[Finding, ...]:
+        """The findings the box (``--sandbox``) refuses."""
+        return tuple(f for f in self.findings if f.refused)
 
     def in_categories(self, categories: Iterable[str]) -> tuple[Finding, ...]:
         wanted = set(categories)

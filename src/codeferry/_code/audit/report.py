@@ -15,6 +15,9 @@ code, and why it matters:
 * ``native-code``: loads or builds native code (``ctypes``, ``cffi``,
   ``torch.utils.cpp_extension``, ``torch.ops.load_library``, compilers run as programs,
   shared library names);
+* ``file-read``: reads files the box does not let code read (the home: ``~/.ssh``, the hub
+  token; absolute paths outside the model's folder, the Python environment and the system
+  files the box grants), where the target is known statically;
 * ``file-write``: writes, moves or deletes files outside the module's own folder (a
   target built from ``Path(__file__).parent`` and constant names without ``..`` is inside;
   so is what a ``save_pretrained``/``save_vocabulary`` hook writes into the folder its
@@ -22,9 +25,13 @@ code, and why it matters:
 * ``unpickle``: deserialises objects that can run code (``pickle``, ``dill``, ``joblib``,
   ``torch.load`` without ``weights_only=True``, ``numpy.load(allow_pickle=True)``,
   ``marshal``, ``yaml.load`` without a safe loader);
-* ``environment``: changes the process for everyone (``os.environ`` writes, ``sys.path``,
-  ``sys.modules``, ``os.chdir``, signal handlers, patching ``builtins``, the standard
-  library or transformers).
+* ``environment``: reads a credential variable (the box's own rule,
+  ``_sandbox.policy.is_credential``) or the whole environment, or changes the process for
+  everyone (``os.environ`` writes, ``sys.path``, ``sys.modules``, ``os.chdir``, signal
+  handlers, patching ``builtins``, the standard library or transformers).
+
+Each finding says what the box (``--sandbox``) does with it (``Finding.box``, from
+``sandbox``), so a user knows before running which lines would fail there.
 
 Names are resolved through imports and simple assignments in every scope
 (``import subprocess as sp``, ``from os import system``, ``run = sp.run``,
@@ -49,10 +56,12 @@ __all__ = ["CATEGORIES", "AuditReport", "Finding", "audit", "audit_bundle", "aud
            "render_audit"]  # fmt: skip
 
 
-def audit_source(text: str, *, path: str, repo: str | None = None) -> list[Finding]:
-    """Findings of one module's source (raises ``SyntaxError``, ``RecursionError``...)."""
+def audit_source(text: str, *, path: str, repo: str | None = None,
+                 roots: tuple[str, ...] = ()) -> list[Finding]:
+    """Findings of one module's source (raises ``SyntaxError``, ``RecursionError``...);
+    ``roots``: the model's folders, which the box lets its code read."""
     tree = ast.parse(text, filename=path)
-    auditor = Auditor(text, repo, path, tree)
+    auditor = Auditor(text, repo, path, tree, roots)
     auditor.visit(tree)
     return sorted(auditor.findings.values(), key=lambda f: (f.line, f.col, CATEGORIES.index(f.category)))
 
@@ -61,13 +70,15 @@ def audit_bundle(bundle: Bundle) -> AuditReport:
     """Audit every Python file of a resolved model (its hashed bytes; nothing is executed)."""
     findings: list[Finding] = []
     skipped: list[tuple[str, str]] = []
+    root = bundle.origin.root
+    roots = tuple(dict.fromkeys([str(root), os.path.realpath(root)]))
     for (repo, path), data in sorted(bundle.contents.items(), key=lambda item: (item[0][0] or "", item[0][1])):
         if not path.endswith(".py"):
             continue  # assets: data the code reads
         shown = qualified(repo, path)
         try:
             text = data.decode("utf-8")
-            findings += audit_source(text, path=path, repo=repo)
+            findings += audit_source(text, path=path, repo=repo, roots=roots)
         except UnicodeDecodeError:
             skipped.append((shown, "not UTF-8"))
         except SyntaxError as exc:
@@ -108,6 +119,10 @@ def render_audit(report: AuditReport) -> str:
         "(static analysis: nothing was executed)" if total else
         "findings none found (static analysis: nothing was executed)",
     ]
+    if report.refused:
+        some = sum(1 for f in report.refused if not f.box.startswith("refused:"))
+        out.append(f"sandbox  {len(report.refused)} refused under --sandbox"
+                   + (f" ({some} only in some cases)" if some else "") + ", each marked below")
     counts = report.counts
     for category in CATEGORIES:
         if not counts[category]:
@@ -118,6 +133,8 @@ def render_audit(report: AuditReport) -> str:
             if f.category == category:
                 out.append(f"  {f.location}: {f.code}")
                 out.append(f"      {f.reason}")
+                if f.box:
+                    out.append(f"      under --sandbox: {f.box}")
     if report.skipped:
         out.append("not audited")
         out += [f"  {file}: {why}" for file, why in report.skipped]

@@ -152,6 +152,21 @@ WRITERS: dict[str, tuple[tuple[int, str], ...]] = {
     "safetensors.torch.save_file": ((1, "filename"),),
     "safetensors.numpy.save_file": ((1, "filename"),),
 }
+# qualified name -> (index, keyword, default) of the path it reads; default: read when left out.
+READERS: dict[str, tuple[int, str, str | None]] = {
+    "os.listdir": (0, "path", None), "os.scandir": (0, "path", None), "os.walk": (0, "top", None),
+    "numpy.load": (0, "file", None), "numpy.loadtxt": (0, "fname", None),
+    "numpy.fromfile": (0, "file", None), "torch.load": (0, "f", None),
+    "torch.serialization.load": (0, "f", None), "safetensors.safe_open": (0, "filename", None),
+    "safetensors.torch.load_file": (0, "filename", None), "netrc.netrc": (0, "file", "~/.netrc"),
+    **{f"shutil.{n}": (0, "src", None) for n in ("copy", "copy2", "copyfile", "copytree")},
+}  # fmt: skip
+#: Methods of a path that read it (``Path(...).read_text()``): the receiver is the target.
+PATH_READ_METHODS = frozenset({"read_text", "read_bytes", "iterdir", "glob", "rglob"})
+#: ``os.environ`` methods that read one variable (its name first) or the whole environment.
+ENV_KEY_READS = frozenset({"get", "pop", "setdefault", "__getitem__", "__contains__"})
+ENV_WHOLE_READS = frozenset({"copy", "items", "keys", "values", "__iter__", "__or__",
+                              "__ror__", "__repr__"})  # fmt: skip
 TEMP_WRITERS = frozenset(f"tempfile.{n}" for n in (
     "NamedTemporaryFile", "TemporaryFile", "SpooledTemporaryFile", "mkstemp", "mkdtemp",
     "TemporaryDirectory", "mktemp"))  # fmt: skip
