@@ -148,14 +148,15 @@ def main() -> None:
 
     from codeferry._exec.generate.packing import native_dtypes
 
+    # one worker each below: the layout of two is checked above
     with Executor(remote, engine="auto", dtype="bfloat16", trust_remote_code=True,
-                  engine_options=FAST) as ex:
+                  engine_options=FAST, workers=1) as ex:
         report["auto_half"] = {"engine": ex.engine, "info": ex.worker_info,
                                "native": torch.bfloat16 in native_dtypes(),
                                "texts": ex.generate(["w1 w2"], max_new_tokens=4)}
     report["doctor_half"] = doctor_half(remote, target.parent / "half")
     report["vllm_refused"] = error_of(
-        lambda: Executor(refused, engine="vllm", trust_remote_code=True).close())
+        lambda: Executor(refused, engine="vllm", trust_remote_code=True, workers=1).close())
     target.write_text(json.dumps(report))
 
 

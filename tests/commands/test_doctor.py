@@ -9,6 +9,7 @@ import pytest
 from _helpers import unique_model
 
 from codeferry._commands.doctor import doctor, render_doctor
+from codeferry._exec.layout import layout
 from codeferry.cli import main
 from codeferry.errors import (
     CodeUnavailableError,
@@ -30,6 +31,12 @@ def test_every_worker_loads_and_builds(method: str, tmp_path: Path) -> None:
     for w in report.workers:
         assert w.checks["config_class_is_loaded_class"] is True
         assert "AutoModelForCausalLM" in w.checks["models_built"]
+    # what `codeferry run` starts on this machine when not told, and why (_exec.layout)
+    shape = report.to_json()["layout"]
+    assert (shape["workers"], shape["threads"]) == layout("cpu", "local", None, None,
+                                                          cpus=shape["cpus"])
+    assert f"layout   codeferry run here: {shape['workers']} worker" in render_doctor(report)
+    assert shape["reason"] in render_doctor(report)
 
 
 def test_a_worker_error_arrives_typed_with_the_workers_traceback(tmp_path: Path) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from codeferry._exec.layout import RAY_WORKERS, cpus, layout
+from codeferry._exec.layout import RAY_WORKERS, cpus, layout, reason
 
 
 @pytest.mark.parametrize(("device", "cores", "want"), [
@@ -28,6 +30,19 @@ def test_what_the_caller_gives_wins() -> None:
     assert layout("cpu", "local", 2, 5, cpus=2) == (2, 5)
     assert layout("cpu", "ray", None, None, cpus=2, ray_cpus=3) == (RAY_WORKERS, 3)
     assert layout("cpu", "ray", 5, 2, cpus=2) == (5, 2)
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (("cpu", "local", None, None), "2 cores shared by 2 workers, whichever engine"),
+    (("cpu", "local", 3, None), "workers given"),
+    (("cpu", "local", 3, 2), "workers and threads_per_worker given"),
+    (("cpu", "ray", None, None), "Ray: two actors"),
+    (("cuda", "local", None, None), "one worker per visible accelerator (4 here)"),
+])
+def test_the_reason_names_the_branch_the_layout_took(args: tuple[str, str, int | None,
+                                                                int | None], says: str) -> None:
+    assert reason(*args, cpus=2, devices=4).startswith(says)
+    assert reason("cpu", "local", None, None, cpus=1) == "one core: one worker"
 
 
 @pytest.mark.parametrize(("workers", "threads"), [(0, None), (-1, None), (None, 0)])
@@ -67,3 +82,16 @@ def test_vllm_workers_of_one_machine_divide_half_its_free_memory(
     assert _memory_share(spec(device="cuda:0")) == {}  # a device's memory is vLLM's to share
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
     assert _memory_share(spec()) == {}
+
+
+@pytest.mark.parametrize("engine", ["auto", "vllm", "transformers"])
+def test_codeferry_run_starts_the_layouts_workers_whichever_engine(engine: str) -> None:
+    from types import SimpleNamespace
+
+    from codeferry._commands.run import _workers
+    from codeferry._exec.options import WorkerOptions
+
+    plan: Any = SimpleNamespace(device="cpu")
+    assert _workers(plan, WorkerOptions(engine=engine)) == layout("cpu", "local", None, None,
+                                                                  cpus=cpus())[0]
+    assert _workers(plan, WorkerOptions(engine=engine, workers=3)) == 3

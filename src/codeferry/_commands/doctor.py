@@ -28,6 +28,7 @@ from .._code import removed
 from .._exec.engines.base import Rpc
 from .._exec.engines.spec import EngineChoice
 from .._exec.files import missing_tokenizer
+from .._exec.layout import cpus, layout, reason
 from .._exec.options import WorkerOptions, sandbox_request
 from .._exec.plan import prepare
 from .._exec.workers.checks import check_main_guard
@@ -86,6 +87,9 @@ class DoctorReport:
     workers: list[WorkerReport]
     #: Names later transformers releases removed that the code uses (``_code.removed``).
     removed: list[tuple[str, removed.Use]] = field(default_factory=list)
+    #: What ``codeferry run`` and ``Executor`` start here when not told (``_exec.layout``):
+    #: ``workers``, ``threads`` (each), ``cpus`` (this process may use), ``reason``.
+    layout: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -94,7 +98,8 @@ class DoctorReport:
     def to_json(self) -> dict[str, Any]:
         return {"model": self.model, "digest": self.digest, "start_method": self.start_method,
                 "ok": self.ok, "workers": [w.to_json() for w in self.workers],
-                "removed_names": removed.to_json(self.removed, removed.installed())}
+                "removed_names": removed.to_json(self.removed, removed.installed()),
+                "layout": self.layout}
 
 
 def doctor_checks(worker: Any, config_bytes: bytes) -> dict[str, Any]:
@@ -287,12 +292,26 @@ def doctor_with(model: str, options: ModelOptions, places: WorkerOptions,
         transport.close()
     how = "ray" if backend == "ray" else start_method
     return DoctorReport(bundle.origin.name, bundle.digest, how, list(reports.values()),
-                        removed.uses_in(bundle.contents))
+                        removed.uses_in(bundle.contents), _default_layout(backend))
+
+
+def _default_layout(backend: str) -> dict[str, Any]:
+    """The workers and threads ``codeferry run`` starts here on the CPU when not told, and
+    why: a user reads what the machine gets before a long run."""
+    here = cpus()
+    count, threads = layout("cpu", backend, None, None, cpus=here)
+    return {"workers": count, "threads": threads, "cpus": here,
+            "reason": reason("cpu", backend, None, None, cpus=here)}
 
 
 def render_doctor(report: DoctorReport) -> str:
     lines = [f"model    {report.model}", f"digest   {report.digest}",
              f"workers  {len(report.workers)} ({report.start_method})"]
+    if report.layout:
+        shape = report.layout
+        lines.append(f"layout   codeferry run here: {shape['workers']} worker"
+                     f"{'s' if shape['workers'] > 1 else ''} of {shape['threads']} thread"
+                     f"{'s' if shape['threads'] > 1 else ''} ({shape['reason']})")
     for w in report.workers:
         node = w.checks.get("worker", {}).get("node_ip")
         at = f" on node {node}" if node else ""

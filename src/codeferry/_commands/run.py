@@ -158,8 +158,6 @@ class _Opened:
     state: Existing
     #: The record to write before the first line (``None``: the one there is right).
     record: dict[str, Any] | None
-    #: The engine the workers get (``choose_engine``); ``auto``: known once they start.
-    engine: str
     #: The ids of the error lines run again (``retry_errors``).
     retried: set[Id]
     result: RunResult
@@ -193,7 +191,7 @@ def run_with(model: str | os.PathLike[str], input_path: str | os.PathLike[str],
     inputs = replace(inputs, context=context, refused=refused(
         model, names, inputs.items, inputs.path, inputs.defaults, context, task))
     opened = _open(output, plan, inputs, workers)
-    count = _workers(plan, workers, opened.engine)
+    count = _workers(plan, workers)
     bar = Progress(len(opened.remaining), err, enabled=show)
     try:
         if not opened.remaining:
@@ -304,7 +302,7 @@ def _open(output: str | os.PathLike[str] | None, plan: Plan, inputs: _Inputs,
     remaining = [item for item in inputs.items if item.id not in done]
     if spill is not None:
         spill.read({item.id for item in remaining})
-    return _Opened(path, sink, state, record, engine, retried, result, remaining, pending,
+    return _Opened(path, sink, state, record, retried, result, remaining, pending,
                    spill=spill)
 
 
@@ -316,13 +314,12 @@ def _unused(inputs: _Inputs, state: Existing) -> tuple[str, ...]:
     return () if chats else ("chat_template",)
 
 
-def _workers(plan: Plan, workers: WorkerOptions, engine: str) -> int:
-    """The workers asked for, else the executor's default (``layout``): one vLLM engine
-    batches every row itself."""
+def _workers(plan: Plan, workers: WorkerOptions) -> int:
+    """The workers asked for, else the executor's default (``layout``), whichever engine
+    generates: one vLLM of every thread stalls beside other work as one transformers
+    worker of every thread does."""
     if workers.workers is not None:
         return workers.workers
-    if engine != "transformers":
-        return 1
     return layout(plan.device, workers.backend, None, None, cpus=cpus(),
                   devices=devices(plan.device, workers.backend))[0]
 

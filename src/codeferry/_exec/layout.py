@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["CPU_WORKERS", "RAY_WORKERS", "cpus", "device_for", "devices", "layout"]
+__all__ = ["CPU_WORKERS", "RAY_WORKERS", "cpus", "device_for", "devices", "layout", "reason"]
 
 #: Workers on a CPU machine (at most one a core), and actors a Ray executor starts, when
 #: ``workers`` is not given.
@@ -58,6 +58,26 @@ def layout(device: str, backend: str, workers: int | None, threads: int | None, 
     else:
         count = max(1, min(CPU_WORKERS, cpus))
     return count, threads or max(1, cpus // count)
+
+
+def reason(device: str, backend: str, workers: int | None, threads: int | None, *,
+           cpus: int, devices: int = 0) -> str:
+    """Why ``layout`` gives what it gives for these arguments, in one clause (``codeferry
+    doctor`` prints it beside the counts)."""
+    given = [name for name, value in (("workers", workers), ("threads_per_worker", threads))
+             if value is not None]
+    if given:
+        return " and ".join(given) + " given"
+    if backend == "ray":
+        return "Ray: two actors; the cluster's shape is known only once it is reached"
+    if device.split(":")[0] not in ("cpu", "mps"):
+        return f"one worker per visible accelerator ({devices} here)" if ":" not in device \
+            else f"one worker on {device}"
+    if cpus == 1:
+        return "one core: one worker"
+    return (f"{cpus} cores shared by {CPU_WORKERS} workers, whichever engine: beside other "
+            "work a worker of every thread stalls at each op (one vLLM of 2 threads kept 19% "
+            "of its speed beside one busy core, two of one thread 63%)")
 
 
 def device_for(device: str, slot: int) -> str:
