@@ -77,7 +77,8 @@ def main() -> None:
         from vllm import LLM, SamplingParams
 
         llm = LLM(model=spec["model"], dtype=spec["dtype"], max_model_len=spec["max_model_len"],
-                  seed=0, model_impl=spec["model_impl"])
+                  seed=0, model_impl=spec["model_impl"],
+                  trust_remote_code=spec.get("trust_remote_code", False))
     except Exception as exc:
         conn.send({"error": f"{type(exc).__name__}: {exc}"})
         os._exit(1)

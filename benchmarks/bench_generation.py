@@ -8,6 +8,8 @@ token count is its word count, the same for every way) with a chat template
 (``<|user|> ... <|end|> <|assistant|>``). Its output head is scaled (x``HEAD_SCALE``) so
 that its next-token distributions are peaked, as a trained model's are: sampling then
 follows paths near the greedy ones instead of drawing uniformly from 32,000 words.
+``--remote``: the same weights as remote code (``auto_map``, a ``model_type`` neither
+transformers nor vLLM implements), so every way runs the model's own files.
 
 Its end-of-sequence ids are chosen so that outputs stop at their own, data-dependent,
 widely different lengths: one greedy pass over the prompts, without any end-of-sequence,
@@ -114,9 +116,11 @@ def user_texts(n: int) -> list[str]:
 
 
 def make_model(root: Path, size: str, prompts_user: list[str], new: int,
-               dtype: str = "float32", device: str = "cpu") -> tuple[Path, dict[str, Any]]:
+               dtype: str = "float32", device: str = "cpu",
+               remote: bool = False) -> tuple[Path, dict[str, Any]]:
     """The model folder, and how its end-of-sequence was chosen (the greedy pass that
-    chooses it runs on ``device``)."""
+    chooses it runs on ``device``); ``remote``: the same weights as remote code
+    (``as_remote``)."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -157,9 +161,40 @@ def make_model(root: Path, size: str, prompts_user: list[str], new: int,
     path = root / f"llama-{size}"
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
+    if remote:
+        as_remote(path)
     params = sum(p.numel() for p in model.parameters())
     return path, {"eos": eos, "word": " ".join(words[t] for t in eos), "params": params,
                   "ends": sorted(ends), "spread": spread}
+
+
+#: The remote code of ``--remote``: Llama's classes under a ``model_type`` no library
+#: implements, so every way runs the model's own files (vLLM through its Transformers
+#: backend, which takes code whose attention goes through ``AttentionInterface``).
+REMOTE_FILES = {
+    "configuration_benchllama.py": (
+        "from transformers import LlamaConfig\n\n\n"
+        "class BenchLlamaConfig(LlamaConfig):\n    model_type = \"benchllama\"\n"),
+    "modeling_benchllama.py": (
+        "from transformers import LlamaForCausalLM, LlamaModel\n\n"
+        "from .configuration_benchllama import BenchLlamaConfig\n\n\n"
+        "class BenchLlamaModel(LlamaModel):\n    config_class = BenchLlamaConfig\n\n\n"
+        "class BenchLlamaForCausalLM(LlamaForCausalLM):\n"
+        "    config_class = BenchLlamaConfig\n"),
+}
+
+
+def as_remote(path: Path) -> None:
+    """The saved Llama in ``path`` made a remote-code model: its classes in its own files,
+    named by ``auto_map``."""
+    for name, text in REMOTE_FILES.items():
+        (path / name).write_text(text)
+    config = json.loads((path / "config.json").read_text())
+    config.update(model_type="benchllama", architectures=["BenchLlamaForCausalLM"], auto_map={
+        "AutoConfig": "configuration_benchllama.BenchLlamaConfig",
+        "AutoModel": "modeling_benchllama.BenchLlamaModel",
+        "AutoModelForCausalLM": "modeling_benchllama.BenchLlamaForCausalLM"})
+    (path / "config.json").write_text(json.dumps(config, indent=2))
 
 
 def choose_ends(rows: list[list[int]], new: int, used: set[int]) -> tuple[list[int], list[int]]:
@@ -265,15 +300,17 @@ def started_way(label: str, *args: Any, **settings: Any) -> Way | None:
 
 
 def plain_way(path: str, prompts: list[str], options: dict[str, Any], device: str = "cpu",
-              size: int = 0) -> Way:
+              size: int = 0, remote: bool = False) -> Way:
     """``generate`` on batches of ``size`` (``be.BATCH``, 8, by default) in input order,
     left-padded, 2 threads, this process, the model on ``device``."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     size = size or be.BATCH
-    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(path).to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left",
+                                              trust_remote_code=remote)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, trust_remote_code=remote).to(device).eval()
 
     def batch(texts: list[str]) -> list[str]:
         enc = tokenizer(texts, return_tensors="pt", padding=True).to(device)
@@ -315,7 +352,8 @@ class VllmEngine:
     LABELS: ClassVar[dict[str, str]] = {
         "auto": "vLLM CPU (LLM defaults)", "transformers": 'vLLM CPU, model_impl="transformers"'}
 
-    def __init__(self, python: str, path: str, impl: str, dtype: str, root: Path) -> None:
+    def __init__(self, python: str, path: str, impl: str, dtype: str, root: Path,
+                 remote: bool = False) -> None:
         import secrets
         import subprocess
         from multiprocessing.connection import Listener
@@ -324,6 +362,7 @@ class VllmEngine:
         key = secrets.token_bytes(16)
         listener = Listener(("127.0.0.1", 0), authkey=key)
         spec = {"model": path, "model_impl": impl, "dtype": dtype, "max_model_len": 1024,
+                "trust_remote_code": remote,
                 "address": list(listener.address), "authkey": key.hex()}
         (root / f"vllm-{impl}.json").write_text(json.dumps(spec))
         env = {k: v for k, v in os.environ.items() if not k.startswith("CODEFERRY_")}
@@ -544,6 +583,9 @@ def main() -> int:
     parser.add_argument("--plain-batch", type=int, action="append", default=None,
                         help=f"the plain loop's batch size, one way each (default {be.BATCH}; "
                         "0: no plain loop)")
+    parser.add_argument("--remote", action="store_true",
+                        help="the same model as remote code (auto_map, a model_type no "
+                        "library implements): every way runs its own files")
     parser.add_argument("--budget-s", type=float, default=None,
                         help="start no workload after this many seconds (a leased machine)")
     args = parser.parse_args()
@@ -560,13 +602,14 @@ def main() -> int:
             print(f"device: {args.device}, {torch.cuda.get_device_name()}")
         users = user_texts(args.prompts)
         path, made = make_model(root, args.size, users, args.max_new_tokens, args.dtype,
-                                args.device)
+                                args.device, args.remote)
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=args.remote)
         prompts = chat(tokenizer, users)
         lengths = [len(tokenizer(p)["input_ids"]) for p in prompts]
-        print(f"model: {made['params'] / 1e6:.0f}M parameters, {args.dtype}; prompts {min(lengths)}-"
+        print(f"model: {made['params'] / 1e6:.0f}M parameters, {args.dtype}"
+              f"{', remote code' if args.remote else ''}; prompts {min(lengths)}-"
               f"{max(lengths)} tokens (median {statistics.median(lengths):.0f}); end-of-sequence "
               f"{made['word']!r} (ids {made['eos']}): greedy ends {made['ends'][0]}-"
               f"{made['ends'][-1]} (median {statistics.median(made['ends']):.0f}, "
@@ -575,11 +618,12 @@ def main() -> int:
         options = {"greedy": {"max_new_tokens": new}, "sampled": {"max_new_tokens": new, **SAMPLED},
                    "forced16": {"max_new_tokens": 16, "min_new_tokens": 16},
                    "capped": {"max_new_tokens": new, "min_new_tokens": new}}
-        engines = [VllmEngine(args.vllm_python, str(path), impl, args.dtype, root)
+        engines = [VllmEngine(args.vllm_python, str(path), impl, args.dtype, root, args.remote)
                    for impl in args.vllm_impl or ("auto", "transformers")
                    ] if args.vllm_python else []
         neighbours = tuple(dict.fromkeys(args.neighbour or ["none"]))
         where = {} if args.device == "cpu" else {"device": args.device}
+        trust = {"trust_remote_code": True} if args.remote else {}
         for workload in chosen:
             if args.budget_s is not None and time.perf_counter() - started > args.budget_s:
                 print(f"\n### {workload}: not run (past --budget-s {args.budget_s:.0f})")
@@ -589,11 +633,12 @@ def main() -> int:
                     if (w := e.way(prompts, vllm_params(opts, made["eos"]))) is not None]
             tried: list[Way | None] = [started_way(
                 f"codeferry Executor({json.dumps(where)[1:-1]}), defaults" if where
-                else "codeferry Executor, defaults", str(path), prompts, opts, **where)]
+                else "codeferry Executor, defaults", str(path), prompts, opts, **where,
+                **trust)]
             for setting in settings:
                 tried.append(started_way(f"codeferry Executor({setting})", str(path), prompts,
-                                         opts, **where, **json.loads(setting)))
-            plains = [plain_way(str(path), prompts, opts, args.device, size)
+                                         opts, **where, **trust, **json.loads(setting)))
+            plains = [plain_way(str(path), prompts, opts, args.device, size, args.remote)
                       for size in args.plain_batch or [be.BATCH] if size > 0]
             ways += [w for w in tried if w is not None] + plains
             run_ways(ways, args.reps, neighbours)

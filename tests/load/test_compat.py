@@ -263,3 +263,51 @@ def test_a_tied_list_saves_and_ties_as_transformers_4(tmp_path: Path) -> None:
     again = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
     assert again.lm_head.weight is again.model.embed_tokens.weight
     assert torch.equal(again.lm_head.weight, model.model.embed_tokens.weight)
+
+
+MODERN = '''
+from transformers import LlamaConfig, LlamaForCausalLM
+
+BUILT = []
+
+
+class ModernConfig(LlamaConfig):
+    model_type = "modernllama"
+
+
+class ModernForCausalLM(LlamaForCausalLM):
+    config_class = ModernConfig
+
+    def __init__(self, config):
+        BUILT.append(1)
+        super().__init__(config)
+'''
+
+
+def test_code_written_for_the_installed_release_keeps_transformers_ways(tmp_path: Path) -> None:
+    """A remote class built on transformers' own model (its forward, its rotary embedding):
+    ``generate`` makes the cache that forward takes, and ``from_pretrained`` builds it once
+    (the buffers of transformers' own modules are filled by transformers' own init)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path / "modern"
+    torch.manual_seed(0)
+    reference = LlamaForCausalLM(LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, head_dim=16, pad_token_id=0)).eval()
+    reference.save_pretrained(folder)
+    (folder / "modeling_modern.py").write_text(textwrap.dedent(MODERN))
+    config = json.loads((folder / "config.json").read_text())
+    config.update(model_type="modernllama", auto_map={
+        "AutoConfig": "modeling_modern.ModernConfig",
+        "AutoModelForCausalLM": "modeling_modern.ModernForCausalLM"})
+    (folder / "config.json").write_text(json.dumps(config))
+
+    model_class = codeferry.load(folder, trust_remote_code=True)["AutoModelForCausalLM"]
+    assert "_supports_default_dynamic_cache" not in vars(model_class)
+    model = model_class.from_pretrained(folder).eval()
+    assert sys.modules[model_class.__module__].BUILT == [1]  # no second build for buffers
+    ids = torch.tensor([[5, 6, 7, 8]])
+    mine = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    theirs = reference.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert mine.tolist() == theirs.tolist()

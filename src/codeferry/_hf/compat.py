@@ -220,7 +220,11 @@ def _keeping_buffers(moved: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(moved)
     def _move_missing_keys_from_meta_to_device(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = moved(self, *args, **kwargs)
-        names = [name for name, _ in self.named_non_persistent_buffers()]
+        # transformers' own modules (its rotary embeddings) are filled by its own init; only
+        # the remote code's modules need the build below
+        names = [name for name, _ in self.named_non_persistent_buffers()
+                 if not type(self.get_submodule(name.rpartition(".")[0])).__module__
+                 .startswith("transformers.")]
         if names:
             try:
                 fresh = dict(_buffers_of_fresh(type(self), self.config))
@@ -314,7 +318,8 @@ def shim_classes(module: types.ModuleType, registration: Any = None) -> None:
                 added.append(f"{value.__name__}.all_tied_weights_keys")
             if (not hasattr(PreTrainedModel, "_supports_cache_class")
                     and not getattr(value, "_supports_cache_class", False)
-                    and "_supports_default_dynamic_cache" not in vars(value)):
+                    and "_supports_default_dynamic_cache" not in vars(value)
+                    and not _transformers_model(value, "forward")):
                 # code that predates Cache objects takes tuples: generate must not make one
                 setattr(value, "_supports_default_dynamic_cache",  # noqa: B010
                         classmethod(_no_default_cache))
@@ -355,6 +360,14 @@ def shim_classes(module: types.ModuleType, registration: Any = None) -> None:
                         _own_generation_parameters(value._get_generation_parameters,
                                                    frozenset(defaults)))
     used.update(added)
+
+
+def _transformers_model(cls: type, name: str) -> bool:
+    """Whether ``cls`` takes ``name`` from one of transformers' own models (a remote class
+    that subclasses ``LlamaForCausalLM``): code the installed release wrote, which takes the
+    caches its ``generate`` makes, so transformers 4's way must not replace it."""
+    found = getattr(cls, name, None)
+    return str(getattr(found, "__module__", "")).startswith("transformers.models.")
 
 
 def _own_generation_parameters(found: Callable[[Any], dict[str, Any]],
