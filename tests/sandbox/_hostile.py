@@ -126,6 +126,22 @@ def plant_home(home: Path) -> Path:
     return home
 
 
+#: What the typed error names for each attempt: its operation, and a piece of its target.
+NAMED = {
+    "ssh_key": "open .../.ssh/id_rsa", "hub_token": "open .../huggingface/token",
+    "env_token": "credential HF_TOKEN", "connect_local": "connect ('127.0.0.1'",
+    "connect_metadata": "connect ('169.254.169.254', 80)", "udp": "socket AF_INET, SOCK_DGRAM",
+    "write_bashrc": "open .../.bashrc", "write_model": "open .../planted.txt",
+    "shell": "exec sh", "signal_parent": "kill pid",
+}
+
+
+def names(told: str, attempt: str) -> bool:
+    """Whether the error text ``told`` names ``attempt``'s operation and target."""
+    head, _, tail = NAMED[attempt].partition("...")
+    return head in told and tail in told
+
+
 @contextmanager
 def listener() -> Iterator[int]:
     """A TCP port listening on 127.0.0.1 (connections queue in its backlog)."""

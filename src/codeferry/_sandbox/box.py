@@ -16,6 +16,7 @@ kernel decides.
 from __future__ import annotations
 
 import atexit
+import glob
 import os
 import platform
 import shutil
@@ -23,15 +24,16 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from .. import _settings
 from ..errors import SandboxUnavailableError
-from . import landlock, report, seccomp
+from . import landlock, netns, report, seccomp
 from .policy import Policy, Request, build_policy, is_credential, scrubbed
 
 __all__ = ["NEEDED_ABI", "active", "check_available", "enter", "enter_for_command",
-           "enter_policy", "policy_for", "refusal", "request_from_settings"]
+           "enter_policy", "is_launcher", "policy_for", "refusal", "request_from_settings"]
 
 #: Landlock ABI 6: filesystem rights, TCP bind/connect (4), signal and abstract-socket scopes.
 NEEDED_ABI = 6
@@ -41,6 +43,10 @@ _FIX = ("run on Linux 6.12 or later with Landlock enabled (`lsm=...,landlock` on
         "command line; `cat /sys/kernel/security/lsm` lists it), or run without the box "
         "(no --sandbox, CODEFERRY_SANDBOX unset) if you trust this code.")
 _entered: list[Policy] = []
+#: What a private network's ranks read besides: the files that resolve ``localhost``
+#: (torchrun's rendezvous), the PCI devices' facts gloo scans for the interface it binds.
+_RANK_READS = ("/etc/hosts", "/etc/host.conf", "/etc/gai.conf", "/sys/bus/pci/devices",
+               "/sys/devices/pci*")
 
 
 def active() -> Policy | None:
@@ -132,10 +138,12 @@ def enter_policy(policy: Policy) -> None:
     if threading.active_count() > 1:
         raise _unavailable(f"{threading.active_count() - 1} thread(s) already run beside this "
                            "one and would stay outside the box", abi)
+    if policy.private_network:
+        _private_network(abi)
     everything = landlock.fs_rights(tuple(landlock.FS), abi)
+    net = 0 if policy.private_network else landlock.NET_BIND_TCP | landlock.NET_CONNECT_TCP
     try:
-        ruleset = landlock.Ruleset(abi, everything,
-                                   landlock.NET_BIND_TCP | landlock.NET_CONNECT_TCP,
+        ruleset = landlock.Ruleset(abi, everything, net,
                                    landlock.SCOPE_ABSTRACT_UNIX | landlock.SCOPE_SIGNAL)
         for path in policy.read:
             ruleset.allow_path(path, landlock.fs_rights(_READ, abi))
@@ -147,7 +155,7 @@ def enter_policy(policy: Policy) -> None:
         for port in policy.ports:
             ruleset.allow_port(port, landlock.NET_BIND_TCP | landlock.NET_CONNECT_TCP)
         landlock.no_new_privs()
-        seccomp.install_socket_filter()
+        seccomp.install_socket_filter(netlink=policy.private_network)
         ruleset.restrict_self()
     except OSError as exc:
         raise _unavailable(f"building the box failed: {exc}", abi) from None
@@ -158,6 +166,22 @@ def enter_policy(policy: Policy) -> None:
     atexit.register(shutil.rmtree, policy.scratch, True)
     _entered.append(policy)
     sys.addaudithook(report.audit)
+
+
+def _private_network(abi: int) -> None:
+    """Move this process into a network of its own (``netns.enter``), or fail closed."""
+    try:
+        netns.enter()
+    except OSError as exc:
+        kernel = platform.release()
+        raise SandboxUnavailableError(
+            f"the sandbox cannot give the command a private network: {exc} (kernel {kernel}: "
+            "unprivileged user namespaces refused); nothing ran.", kernel=kernel, abi=abi,
+            needed=NEEDED_ABI, reason=f"no user and network namespace: {exc}",
+            fix="allow unprivileged user namespaces (sysctl user.max_user_namespaces above 0; "
+            "kernel.unprivileged_userns_clone=1 and kernel.apparmor_restrict_unprivileged_userns"
+            "=0 where they exist), or run without the box only if you trust this code.") \
+            from None
 
 
 def enter(request: Request, model_paths: Iterable[str]) -> Policy:
@@ -188,11 +212,28 @@ def enter_for_command(command: list[str], environment: dict[str, str]) -> dict[s
     policy = policy_for(request, [os.getcwd(), str(_settings.hub_cache())])
     shebang = _shebang(found)
     if shebang is not None:  # a script: the kernel starts its interpreter
-        policy = policy.__class__(**{**policy.__dict__, "execute": (*policy.execute, shebang)})
+        policy = replace(policy, execute=(*policy.execute, shebang))
+    if is_launcher(command):
+        reads = tuple(p for pattern in _RANK_READS for p in sorted(glob.glob(pattern)))
+        policy = replace(policy, private_network=True, ports=(), read=(*policy.read, *reads))
     enter_policy(policy)
     # CODEFERRY_SANDBOX: the boot tells refusals (``report.watch``); executors box workers.
     return {**scrubbed(environment, policy.keep), "TMPDIR": policy.scratch,
             "CODEFERRY_SANDBOX": "1"}
+
+
+def is_launcher(command: list[str]) -> bool:
+    """Whether ``command`` is torch's distributed launcher (``torchrun``, ``python -m
+    torch.distributed.run`` or ``.launch``): its ranks meet on ports the kernel picks, so its
+    box gets a private network (``netns``) rather than port rules."""
+    if os.path.basename(command[0]) == "torchrun":
+        return True
+    for index, word in enumerate(command[1:-1], 1):
+        if word == "-m":
+            return command[index + 1] in ("torch.distributed.run", "torch.distributed.launch")
+        if not word.startswith("-"):
+            return False
+    return False
 
 
 def _shebang(path: str) -> str | None:

@@ -58,7 +58,8 @@ class Request:
 
 @dataclass(frozen=True)
 class Policy:
-    """Every path and port the box allows, and which variables it removes."""
+    """Every path and port the box allows, and which variables it removes;
+    ``private_network``: a network namespace of its own instead of ``ports`` (``netns``)."""
 
     read: tuple[str, ...]
     write: tuple[str, ...]
@@ -67,6 +68,7 @@ class Policy:
     scratch: str
     keep: tuple[str, ...] = ()
     devices: tuple[str, ...] = field(default=_DEVICES_WRITE)
+    private_network: bool = False
 
 
 def is_credential(name: str, keep: Iterable[str] = ()) -> bool:

@@ -97,15 +97,36 @@ def _removed_credential(exc: BaseException, keep: tuple[str, ...]) -> str | None
     return None
 
 
-def _denied(exc: BaseException) -> OSError | None:
+def _denied(exc: BaseException, codes: tuple[int, ...] = (errno.EACCES, errno.EPERM)
+            ) -> OSError | None:
     current: BaseException | None = exc
     for _ in range(16):
         if current is None:
             return None
-        if isinstance(current, OSError) and current.errno in (errno.EACCES, errno.EPERM):
+        if isinstance(current, OSError) and current.errno in codes:
             return current
         current = current.__cause__ or current.__context__
     return None
+
+
+def _private_network() -> bool:
+    """Whether this process's network is a box's own (``_sandbox.netns``): netlink answers
+    and lists the loopback alone (the box's other shape refuses netlink sockets)."""
+    try:
+        return [name for _, name in socket.if_nameindex()] == ["lo"]
+    except OSError:
+        return False
+
+
+def _unreached(exc: BaseException) -> OSError | None:
+    """A connect to the loopback that nothing answered, in a private network: the host's
+    ports are outside it, so the box, not the host, kept the code from them. Elsewhere a
+    refused connect is the host's ordinary answer, not the box's."""
+    refused = _denied(exc, (errno.ECONNREFUSED,))
+    operation, target = last()
+    if refused is None or operation != "connect" or not target.startswith(("('127.", "('::1'")):
+        return None
+    return refused if _private_network() else None
 
 
 def refusal(exc: BaseException, *, keep: tuple[str, ...] = ()) -> BaseException:
@@ -132,6 +153,18 @@ def refusal(exc: BaseException, *, keep: tuple[str, ...] = ()) -> BaseException:
         error.__cause__ = exc
         return error
     denied = _denied(exc)
+    unreached = _unreached(exc) if denied is None else None
+    if unreached is not None:
+        operation, target = last()
+        _state.last = ("", "")
+        error = SandboxRefusedError(
+            f"the sandbox's private network kept the code from connect {target}: the host's "
+            f"loopback is outside it, and nothing in the box listens there (the code raised "
+            f"{type(exc).__name__}: {exc})", operation="connect", target=target,
+            fix="a distributed launcher's ranks reach only each other; run without the box "
+            "only if you trust this code.")
+        error.__cause__ = exc
+        return error
     if denied is None:
         return exc
     operation, target = last()

@@ -3,7 +3,9 @@
 Landlock refuses TCP ``bind``/``connect`` by port; UDP, raw, netlink and packet sockets it
 does not see. This filter lets ``socket()`` make only Unix sockets (pipes between codeferry's
 processes; abstract ones are scoped by Landlock) and TCP ones (which Landlock then holds), and
-answers every other ``socket()`` with ``EACCES``. ``io_uring_setup`` is refused too: its ring
+answers every other ``socket()`` with ``EACCES``; in a private network (``netns``) also
+``NETLINK_ROUTE`` ones, how ranks find the loopback (read only: no capability is left to
+change it). ``io_uring_setup`` is refused too: its ring
 makes sockets without a ``socket()`` call. A 32-bit or x32 system call answers ``EACCES``
 whatever it is, since its numbers differ.
 
@@ -28,7 +30,7 @@ _ARCH = {
 _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC = 1, 1
 _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
 _LD_W_ABS, _JEQ_K, _JGE_K, _AND_K, _RET_K = 0x20, 0x15, 0x35, 0x54, 0x06
-_AF_UNIX, _AF_INET, _AF_INET6, _SOCK_STREAM, _IPPROTO_TCP = 1, 2, 10, 1, 6
+_AF_UNIX, _AF_INET, _AF_INET6, _AF_NETLINK, _SOCK_STREAM, _IPPROTO_TCP = 1, 2, 10, 16, 1, 6
 _NR, _ARCH_OFF, _ARG0, _ARG1, _ARG2 = 0, 4, 16, 24, 32  # struct seccomp_data, little endian
 
 
@@ -49,9 +51,9 @@ def supported() -> bool:
 _Op = tuple[int, "str | int", "str | int", int]
 
 
-def _program() -> list[str | _Op]:
+def _program(netlink: bool = False) -> list[str | _Op]:
     """The filter: instructions ``(code, jump-if-true, jump-if-false, k)`` whose jumps name
-    labels, and the labels (strings) where they land."""
+    labels, and the labels (strings) where they land; ``netlink``: ``NETLINK_ROUTE`` too."""
     audit, socket_nr, uring_nr, high = _ARCH[platform.machine()]
     prog: list[str | _Op] = [
         (_LD_W_ABS, 0, 0, _ARCH_OFF), (_JEQ_K, 0, "deny", audit),
@@ -63,7 +65,12 @@ def _program() -> list[str | _Op]:
         (_JEQ_K, "socket", 0, socket_nr), (_JEQ_K, "deny", "allow", uring_nr),
         "socket",
         (_LD_W_ABS, 0, 0, _ARG0), (_JEQ_K, "allow", 0, _AF_UNIX), (_JEQ_K, "inet", 0, _AF_INET),
-        (_JEQ_K, "inet", "deny", _AF_INET6),
+        (_JEQ_K, "inet", "netlink" if netlink else "deny", _AF_INET6),
+    ]
+    if netlink:
+        prog += ["netlink", (_JEQ_K, 0, "deny", _AF_NETLINK),
+                 (_LD_W_ABS, 0, 0, _ARG2), (_JEQ_K, "allow", "deny", 0)]  # NETLINK_ROUTE
+    prog += [
         "inet",
         (_LD_W_ABS, 0, 0, _ARG1), (_AND_K, 0, 0, 0xF), (_JEQ_K, 0, "deny", _SOCK_STREAM),
         (_LD_W_ABS, 0, 0, _ARG2), (_JEQ_K, "allow", 0, 0), (_JEQ_K, "allow", "deny", _IPPROTO_TCP),
@@ -77,11 +84,11 @@ def _jump(target: str | int, labels: dict[str, int], index: int) -> int:
     return labels[target] - index - 1 if isinstance(target, str) else target
 
 
-def _assemble() -> list[tuple[int, int, int, int]]:
+def _assemble(netlink: bool = False) -> list[tuple[int, int, int, int]]:
     """The program with its labels resolved to relative jumps."""
     labels: dict[str, int] = {}
     code: list[_Op] = []
-    for item in _program():
+    for item in _program(netlink):
         if isinstance(item, str):
             labels[item] = len(code)
         else:
@@ -90,9 +97,10 @@ def _assemble() -> list[tuple[int, int, int, int]]:
             for i, (op, jt, jf, k) in enumerate(code)]
 
 
-def install_socket_filter() -> None:
-    """Put the filter on every thread of this process (``no_new_privs`` must be set)."""
-    code = _assemble()
+def install_socket_filter(*, netlink: bool = False) -> None:
+    """Put the filter on every thread of this process (``no_new_privs`` must be set);
+    ``netlink``: ``NETLINK_ROUTE`` sockets too (a private network's)."""
+    code = _assemble(netlink)
     filters = (_Filter * len(code))(*[_Filter(*op) for op in code])
     prog = _Prog(len(code), filters)
     libc = ctypes.CDLL(None, use_errno=True)
