@@ -75,7 +75,8 @@ def test_an_interrupt_behind_a_slow_request_loses_no_finished_result(tmp_path: P
     argv = [sys.executable, "-m", "codeferry", "run", str(model), "--input", str(source),
             "-o", str(output), "--trust-remote-code", "--max-new-tokens", "1", "--workers", "2",
             "--start-method", "fork", "--engine", "transformers"]
-    env = {**os.environ, "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    # a run that does not stop is made to dump every thread's stack (SIGABRT, faulthandler)
+    env = {**os.environ, "HF_HUB_DISABLE_PROGRESS_BARS": "1", "PYTHONFAULTHANDLER": "1"}
     flag.touch()
     first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                              text=True)
@@ -86,7 +87,12 @@ def test_an_interrupt_behind_a_slow_request_loses_no_finished_result(tmp_path: P
             assert time.monotonic() < deadline, "the run did not finish 3/4 of the inputs"
             time.sleep(0.2)
         first.send_signal(signal.SIGINT)
-        _, err = first.communicate(timeout=180)  # a loaded machine: the workers stop, then the spill
+        try:  # a loaded machine: the workers stop, then the spill
+            _, err = first.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            first.send_signal(signal.SIGABRT)
+            _, err = first.communicate(timeout=60)
+            raise AssertionError(f"the interrupted run did not stop:\n{err[-20000:]}") from None
     finally:
         if first.poll() is None:
             first.kill()
