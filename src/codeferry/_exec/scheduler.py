@@ -57,10 +57,6 @@ __all__ = ["STREAM_DEPTH", "Batch", "Call", "Outcome", "Scheduler"]
 #: back batch by batch while every row stays busy.
 STREAM_DEPTH = 8
 
-#: Seconds an abort (``Executor.close``) waits for the manager thread before it kills the
-#: workers itself: the manager stops each in 5 s, then kills it.
-ABORT_WAIT = 30.0
-
 #: Errors a batch would raise again on any worker: it fails at once, not after retries.
 _NOT_RETRIED = (RequestUnpicklingError, SamplingParamsError, EngineRefusedError)
 
@@ -194,20 +190,11 @@ class Scheduler:
 
     def shutdown(self, *, wait: bool = True, cancel: bool = False, abort: bool = False) -> None:
         """Stop accepting work; finish what is queued (unless ``cancel``) and running (unless
-        ``abort``: it fails at once), then stop the workers. An abort (a Ctrl-C) waits for the
-        manager thread ``ABORT_WAIT`` seconds at most, then kills the workers itself: stopping
-        must not depend on the thread it stops being free."""
+        ``abort``: it fails at once), then stop the workers."""
         self._stopping = True
         self._inbox.put(("abort", None) if abort else ("shutdown", cancel))
-        if not (wait and self._thread.is_alive()):
-            return
-        if not abort:
+        if wait and self._thread.is_alive():
             self._done.wait()
-        elif not self._done.wait(ABORT_WAIT):
-            logger.warning("codeferry: the scheduler did not stop in %s s; killing its workers",
-                           ABORT_WAIT)
-            for slot in self._slots:
-                slot.channel.kill()
 
     @property
     def alive(self) -> bool:
