@@ -75,9 +75,9 @@ def reason(device: str, backend: str, workers: int | None, threads: int | None, 
             else f"one worker on {device}"
     if cpus == 1:
         return "one core: one worker"
+    # the measurements behind it are this module's docstring's, not repeated here
     return (f"{cpus} cores shared by {CPU_WORKERS} workers, whichever engine: beside other "
-            "work a worker of every thread stalls at each op (one vLLM of 2 threads kept 19% "
-            "of its speed beside one busy core, two of one thread 63%)")
+            "work, a worker of every thread stalls at each op")
 
 
 def device_for(device: str, slot: int) -> str:
