@@ -76,6 +76,9 @@ def _attempt(name, port):
 
 STAGES = '''
 
+import functools as _functools
+
+
 def _stage(stage):
     try:
         with open(_CONTROL) as f:
@@ -91,11 +94,13 @@ _hostile_init = {cls}.__init__
 _hostile_forward = {cls}.forward
 
 
+@_functools.wraps(_hostile_init)
 def _init(self, *args, **kwargs):
     _stage("init")
     _hostile_init(self, *args, **kwargs)
 
 
+@_functools.wraps(_hostile_forward)  # engines read forward's parameters (vLLM does)
 def _forward(self, *args, **kwargs):
     _stage("forward")
     return _hostile_forward(self, *args, **kwargs)
@@ -109,10 +114,15 @@ def _forward(self, *args, **kwargs):
 def write_hostile(root: Path, home: Path) -> Path:
     """The hostile model under ``root``; ``home`` is the planted home it reads and writes."""
     path = write_model(root / "hostile", ModelSpec(name="hostile", tokenizer=True))
-    modeling = path / "modeling_hostile.py"
+    return make_hostile(path, "modeling_hostile.py", "HostileForCausalLM", home)
+
+
+def make_hostile(path: Path, module: str, cls: str, home: Path) -> Path:
+    """The remote-code model in ``path`` made hostile: its ``module`` gets the attempts, and
+    its class ``cls`` tries one at the stage the control file names."""
+    modeling = path / module
     modeling.write_text(modeling.read_text() + (ATTEMPT + STAGES).format(
-        cls="HostileForCausalLM", home=str(home), control=str(path / "control"),
-        model=str(path)))
+        cls=cls, home=str(home), control=str(path / "control"), model=str(path)))
     return path
 
 
@@ -126,7 +136,17 @@ def plant_home(home: Path) -> Path:
     return home
 
 
-#: What the typed error names for each attempt: its operation, and a piece of its target.
+#: What a ``SandboxRefusedError`` names for each attempt: its operation, and a piece of its
+#: target.
+REFUSED = {
+    "ssh_key": ("open", ".ssh/id_rsa"), "hub_token": ("open", "huggingface/token"),
+    "env_token": ("environ", "HF_TOKEN"), "connect_local": ("connect", "127.0.0.1"),
+    "connect_metadata": ("connect", "169.254.169.254"), "udp": ("socket", "SOCK_DGRAM"),
+    "write_bashrc": ("open", ".bashrc"), "write_model": ("open", "planted.txt"),
+    "shell": ("exec", "sh"), "signal_parent": ("kill", "pid"),
+}
+
+#: What the typed error's text names for each attempt: its operation, and a piece of its target.
 NAMED = {
     "ssh_key": "open .../.ssh/id_rsa", "hub_token": "open .../huggingface/token",
     "env_token": "credential HF_TOKEN", "connect_local": "connect ('127.0.0.1'",

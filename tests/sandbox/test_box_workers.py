@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-from _hostile import ATTEMPTS
+from _hostile import ATTEMPTS, REFUSED
 
 import codeferry
 from codeferry.errors import (
@@ -21,15 +21,6 @@ from codeferry.errors import (
     SandboxUnsupportedError,
     WorkerStartupError,
 )
-
-#: What each refusal names: its operation, and a piece of its target.
-NAMED = {
-    "ssh_key": ("open", ".ssh/id_rsa"), "hub_token": ("open", "huggingface/token"),
-    "env_token": ("environ", "HF_TOKEN"), "connect_local": ("connect", "127.0.0.1"),
-    "connect_metadata": ("connect", "169.254.169.254"), "udp": ("socket", "SOCK_DGRAM"),
-    "write_bashrc": ("open", ".bashrc"), "write_model": ("open", "planted.txt"),
-    "shell": ("exec", "sh"), "signal_parent": ("kill", "pid"),
-}
 
 
 @pytest.fixture
@@ -69,7 +60,7 @@ def test_every_attempt_in_forward_is_refused_and_named(hostile: Path, home: Path
             with pytest.raises(BatchFailedError) as info:
                 ex.generate(["abc"], max_new_tokens=2)
             refused = _refusal(info.value)
-            operation, target = NAMED[attempt]
+            operation, target = REFUSED[attempt]
             assert refused.operation == operation, (attempt, str(refused))
             assert target in refused.target, (attempt, str(refused))
         _control(hostile, None)
@@ -121,7 +112,7 @@ def test_attempts_at_import_and_init_stop_the_worker_named(hostile: Path, port: 
     finally:
         _control(hostile, None)
     refused = _refusal(info.value)
-    operation, target = NAMED[attempt]
+    operation, target = REFUSED[attempt]
     assert (refused.operation, target in refused.target) == (operation, True), str(refused)
 
 
@@ -138,12 +129,10 @@ def test_a_kernel_without_landlock_is_refused_before_any_worker(
     assert "Landlock" in str(info.value) and info.value.fix
 
 
-@pytest.mark.parametrize(("keywords", "where"), [
-    ({"engine": "vllm"}, "the vLLM engine"), ({"backend": "ray"}, "the Ray backend")])
-def test_engines_the_box_cannot_hold_are_refused(hostile: Path, keywords: dict[str, str],
-                                                 where: str) -> None:
-    """Never silently unboxed: the vLLM engine and the Ray backend are refused, typed."""
+def test_the_ray_backend_is_refused(hostile: Path) -> None:
+    """Never silently unboxed: Ray's actors run on its own daemons' processes, outside any box
+    codeferry can draw, so the Ray backend is refused, typed."""
     with pytest.raises(SandboxUnsupportedError) as info:
         codeferry.Executor(hostile, workers=1, trust_remote_code=True, sandbox=True,
-                           **keywords)  # type: ignore[arg-type]
-    assert info.value.where == where
+                           backend="ray")
+    assert info.value.where == "the Ray backend"

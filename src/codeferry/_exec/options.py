@@ -78,21 +78,19 @@ class WorkerOptions:
 def sandbox_request(options: WorkerOptions) -> Request | None:
     """The box each worker enters (``None``: no box), checked here first, so a kernel that
     cannot build it fails in the parent, typed (``SandboxUnavailableError``), before any
-    worker starts. The Ray backend and the vLLM engine are refused
-    (``SandboxUnsupportedError``): they would run unboxed; ``engine='auto'`` takes
-    transformers in the box."""
+    worker starts. The Ray backend is refused (``SandboxUnsupportedError``): its actors run
+    in Ray's own processes, which would run unboxed. Either engine runs in the box; vLLM's
+    makes torch.distributed groups even alone (``Request.groups``)."""
     wanted = options.sandbox if options.sandbox is not None else _settings.sandbox_switch()
     if not wanted:
         return None
     from .._sandbox.box import check_available, request_from_settings
     from ..errors import SandboxUnsupportedError
 
-    where = ("the Ray backend" if options.backend == "ray"
-             else "the vLLM engine" if options.engine == "vllm" else None)
-    if where is not None:
+    if options.backend == "ray":
         raise SandboxUnsupportedError(
-            f"the sandbox cannot hold {where} yet; refused rather than run unboxed.",
-            where=where, fix="use backend='local' and engine='transformers' (or 'auto') with "
-            "the sandbox, or run without it only if you trust this code.")
+            "the sandbox cannot hold the Ray backend yet; refused rather than run unboxed.",
+            where="the Ray backend", fix="use backend='local' with the sandbox, or run "
+            "without it only if you trust this code.")
     check_available()
-    return request_from_settings()
+    return request_from_settings(groups=options.engine != "transformers")

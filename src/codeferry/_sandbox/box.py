@@ -43,8 +43,9 @@ _FIX = ("run on Linux 6.12 or later with Landlock enabled (`lsm=...,landlock` on
         "command line; `cat /sys/kernel/security/lsm` lists it), or run without the box "
         "(no --sandbox, CODEFERRY_SANDBOX unset) if you trust this code.")
 _entered: list[Policy] = []
-#: What a private network's ranks read besides: the files that resolve ``localhost``
-#: (torchrun's rendezvous), the PCI devices' facts gloo scans for the interface it binds.
+#: What a process with gloo groups reads besides (a private network's ranks, vLLM's engine):
+#: the files that resolve ``localhost`` (torchrun's rendezvous), the PCI devices' facts gloo
+#: scans for the interface it binds.
 _RANK_READS = ("/etc/hosts", "/etc/host.conf", "/etc/gai.conf", "/sys/bus/pci/devices",
                "/sys/devices/pci*")
 
@@ -80,8 +81,9 @@ def check_available() -> int:
     return abi
 
 
-def request_from_settings(**more: Iterable[Any]) -> Request:
-    """The ``Request`` the ``CODEFERRY_SANDBOX_*`` settings make, plus ``more`` of each."""
+def request_from_settings(*, groups: bool = False, **more: Iterable[Any]) -> Request:
+    """The ``Request`` the ``CODEFERRY_SANDBOX_*`` settings make, plus ``more`` of each
+    (and ``groups``: ``Request.groups``)."""
     def ports(values: Iterable[str]) -> tuple[int, ...]:
         try:
             return tuple(int(v) for v in values)
@@ -92,7 +94,7 @@ def request_from_settings(**more: Iterable[Any]) -> Request:
                    write=(*_settings.sandbox_list("WRITE"), *more.get("write", ())),
                    ports=(*ports(_settings.sandbox_list("PORTS")), *more.get("ports", ())),
                    keep=(*_settings.sandbox_list("KEEP"), *more.get("keep", ())),
-                   execute=tuple(more.get("execute", ())))
+                   execute=tuple(more.get("execute", ())), groups=groups)
 
 
 def policy_for(request: Request, model_paths: Iterable[str], scratch: str | None = None) -> Policy:
@@ -108,8 +110,14 @@ def policy_for(request: Request, model_paths: Iterable[str], scratch: str | None
     scratch = scratch or tempfile.mkdtemp(prefix=f"codeferry-box-{os.getpid()}-")
     store = _settings.codeferry_home()  # made now (private, as the store makes it): a rule
     store.mkdir(mode=0o700, parents=True, exist_ok=True)  # names only what exists
-    return build_policy(request, model_paths=[*paths, *entries], scratch=scratch,
-                        home=os.path.expanduser("~"), stores=[str(store)])
+    policy = build_policy(request, model_paths=[*paths, *entries], scratch=scratch,
+                          home=os.path.expanduser("~"), stores=[str(store)])
+    return replace(policy, read=(*policy.read, *_rank_reads())) if request.groups else policy
+
+
+def _rank_reads() -> tuple[str, ...]:
+    """``_RANK_READS`` as they exist here (gloo opens the PCI folders whatever they hold)."""
+    return tuple(p for pattern in _RANK_READS for p in sorted(glob.glob(pattern)))
 
 
 def _sweep() -> None:
@@ -154,8 +162,10 @@ def enter_policy(policy: Policy) -> None:
             ruleset.allow_path(path, landlock.fs_rights(("execute", "read_file"), abi))
         for port in policy.ports:
             ruleset.allow_port(port, landlock.NET_BIND_TCP | landlock.NET_CONNECT_TCP)
+        if policy.groups and not policy.private_network:  # port 0: one the kernel picks
+            ruleset.allow_port(0, landlock.NET_BIND_TCP)
         landlock.no_new_privs()
-        seccomp.install_socket_filter(netlink=policy.private_network)
+        seccomp.install_socket_filter(netlink=policy.private_network or policy.groups)
         ruleset.restrict_self()
     except OSError as exc:
         raise _unavailable(f"building the box failed: {exc}", abi) from None
@@ -214,8 +224,8 @@ def enter_for_command(command: list[str], environment: dict[str, str]) -> dict[s
     if shebang is not None:  # a script: the kernel starts its interpreter
         policy = replace(policy, execute=(*policy.execute, shebang))
     if is_launcher(command):
-        reads = tuple(p for pattern in _RANK_READS for p in sorted(glob.glob(pattern)))
-        policy = replace(policy, private_network=True, ports=(), read=(*policy.read, *reads))
+        policy = replace(policy, private_network=True, ports=(),
+                         read=(*policy.read, *_rank_reads()))
     enter_policy(policy)
     # CODEFERRY_SANDBOX: the boot tells refusals (``report.watch``); executors box workers.
     return {**scrubbed(environment, policy.keep), "TMPDIR": policy.scratch,

@@ -47,19 +47,24 @@ _NAMED = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "NETRC"})
 class Request:
     """What the caller adds to the box (it travels pickled to each worker): folders to read
     or write, TCP ports to reach (a distributed init on loopback), credential variables to
-    keep, programs (a compiler the engine needs) that may be started."""
+    keep, programs (a compiler the engine needs) that may be started; ``groups``: the
+    process makes torch.distributed groups of its own (vLLM's engine does, even alone)."""
 
     read: tuple[str, ...] = ()
     write: tuple[str, ...] = ()
     ports: tuple[int, ...] = ()
     keep: tuple[str, ...] = ()
     execute: tuple[str, ...] = ()
+    groups: bool = False
 
 
 @dataclass(frozen=True)
 class Policy:
     """Every path and port the box allows, and which variables it removes;
-    ``private_network``: a network namespace of its own instead of ``ports`` (``netns``)."""
+    ``private_network``: a network namespace of its own instead of ``ports`` (``netns``);
+    ``groups``: torch.distributed (gloo) groups in the process, whose every group listens on
+    a port the kernel picks and looks its interface up (``NETLINK_ROUTE``), even one process
+    alone; connecting stays refused but for ``ports``."""
 
     read: tuple[str, ...]
     write: tuple[str, ...]
@@ -69,6 +74,7 @@ class Policy:
     keep: tuple[str, ...] = ()
     devices: tuple[str, ...] = field(default=_DEVICES_WRITE)
     private_network: bool = False
+    groups: bool = False
 
 
 def is_credential(name: str, keep: Iterable[str] = ()) -> bool:
@@ -176,4 +182,4 @@ def build_policy(request: Request, *, model_paths: Iterable[str], scratch: str, 
     loaders = [elf_interpreter(os.path.realpath(p)) for p in programs]
     execute = _existing([*programs, *[p for p in loaders if p]], home)
     return Policy(read=read, write=write, execute=execute, ports=tuple(request.ports),
-                  scratch=scratch, keep=tuple(request.keep))
+                  scratch=scratch, keep=tuple(request.keep), groups=request.groups)

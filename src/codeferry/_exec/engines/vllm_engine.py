@@ -40,7 +40,7 @@ from ..generate.params import GenerateResult, Request, Resolved, SamplingParams
 from .base import Complete
 
 __all__ = ["VllmEngine", "VllmStream", "auto_engine", "choose_engine", "half_without_kernels",
-           "sampling", "vllm_version"]
+           "before_box", "sampling", "vllm_version"]
 
 #: vLLM's ``enforce_eager`` unless ``engine_options`` says: no compiled graphs. Measured
 #: (docs/benchmarks.md): a start-up of about 16 s instead of 40-70 s, about 15% less speed.
@@ -60,6 +60,36 @@ def vllm_version() -> str | None:
         except metadata.PackageNotFoundError:
             continue
     return None
+
+
+def before_box() -> tuple[str, ...]:
+    """Read, before the box closes, what vLLM would start a program for once inside it, and
+    name what else of vLLM's the box must let it read.
+
+    vLLM's CPU worker asks ``lscpu`` (through ``sh -c``) for the cores at every start; the box
+    starts no program (a model's ``sh -c`` must stay refused), so the answer is read here and
+    vLLM's reader returns it from then on. vLLM keeps what it learnt of its own model classes
+    in ``<VLLM_CACHE_ROOT>/modelinfos`` (keyed by the hash of vLLM's own files); without it
+    vLLM asks a fresh Python, about 10 s: it is read, never written, in the box. Nothing to
+    do where vLLM is missing or reads the cores some other way (no such reader);
+    where ``lscpu`` fails, vLLM's own start would fail alike, and says so.
+    """
+    if vllm_version() is None:
+        return ()
+    try:
+        from vllm import envs
+        from vllm.utils import cpu_resource_utils as cores
+    except ImportError:
+        return ()
+    reader = getattr(cores, "_get_cpu_list", None)
+    if reader is not None:
+        try:
+            found = reader()
+        except (OSError, ValueError):  # vLLM raises the same inside the box
+            pass
+        else:
+            cores._get_cpu_list = lambda: list(found)
+    return (str(Path(envs.VLLM_CACHE_ROOT) / "modelinfos"),)
 
 
 def choose_engine(engine: str, backend: str, tasks: Sequence[str] = ("generate",)
@@ -249,6 +279,9 @@ class VllmEngine:
                 "engine='transformers'.")
         self.classes = (load_with(spec.model, options) if spec.digest is None
                         else load_pinned(spec.model, spec.digest, options))
+        for key in ("AutoConfig", "AutoModel", "AutoModelForCausalLM"):
+            if key in self.classes.failed:  # what vLLM would build from: its own failure
+                self.classes[key]  # ClassNotLoadedError, the import's error as its cause
         bundle = options.resolve_code(spec.model, whole=True, requirements=False)
         lock = options.lock
         if lock is None and bundle.files:

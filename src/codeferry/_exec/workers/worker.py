@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -166,7 +167,12 @@ def worker_main(spec: WorkerSpec, conn: Connection, parent_pid: int,
         # Before any thread starts (Landlock holds the calling thread and those it starts)
         # and before the model's code is imported; torch and transformers are imported.
         try:
-            enter(spec.engine.sandbox, [p for p in (spec.model, spec.code) if p])
+            request = spec.engine.sandbox
+            if spec.serve and spec.engine.name != "transformers":
+                from ..engines.vllm_engine import before_box
+
+                request = replace(request, read=(*request.read, *before_box()))
+            enter(request, [p for p in (spec.model, spec.code) if p])
         except BaseException as exc:  # noqa: BLE001 - the handshake carries it to the parent
             conn.send(("failed", os.getpid(), error_payload(exc)))
             return
