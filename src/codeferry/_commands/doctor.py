@@ -228,7 +228,7 @@ def doctor_with(model: str, options: ModelOptions, places: WorkerOptions,
         check_main_guard(start_method)  # a worker would die bootstrapping, with exit code 1
     # The workers' box (--sandbox), refused here, typed, where it cannot be built; the doctor's
     # own load below runs the code outside it, as without the box.
-    boxed = sandbox_request(places)
+    boxed = sandbox_request(places, "transformers")  # its workers build no engine
     # configs only: a repo's code is fetched for the doctor, never its weights
     plan = prepare(model, options, device="cpu", demo=True, need="code")
     bundle, configs, decided = plan.bundle, plan.weights, plan.for_workers()

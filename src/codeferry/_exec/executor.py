@@ -163,10 +163,9 @@ class Executor:
             check_main_guard("spawn" if worker.warm else worker.start_method)  # the zygote is spawned
         #: The engine the workers get, and why (``choose_engine``); either engine is laid out
         #: alike (``layout``: workers of one thread each hold up beside other work).
-        request = sandbox_request(worker)  # refused first: before any model code runs
         tasks = model.tasks if isinstance(model, Plan) else preload
-        self.engine, self.engine_reason = choose_engine(
-            worker.engine, worker.backend, tasks)
+        self.engine, self.engine_reason = choose_engine(worker.engine, worker.backend, tasks)
+        request = sandbox_request(worker, self.engine)  # before any model code runs
         plan = model if isinstance(model, Plan) else prepare(
             model, options, tasks=preload, device=worker.device, dtype=worker.dtype,
             digest=digest, local_device=worker.backend == "local")

@@ -75,12 +75,13 @@ class WorkerOptions:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
-def sandbox_request(options: WorkerOptions) -> Request | None:
+def sandbox_request(options: WorkerOptions, engine: str) -> Request | None:
     """The box each worker enters (``None``: no box), checked here first, so a kernel that
     cannot build it fails in the parent, typed (``SandboxUnavailableError``), before any
     worker starts. The Ray backend is refused (``SandboxUnsupportedError``): its actors run
-    in Ray's own processes, which would run unboxed. Either engine runs in the box; vLLM's
-    makes torch.distributed groups even alone (``Request.groups``)."""
+    in Ray's own processes, which would run unboxed. Either engine runs in the box;
+    ``engine`` is the one the workers get: vLLM's makes torch.distributed groups even alone
+    (``Request.groups``)."""
     wanted = options.sandbox if options.sandbox is not None else _settings.sandbox_switch()
     if not wanted:
         return None
@@ -93,4 +94,4 @@ def sandbox_request(options: WorkerOptions) -> Request | None:
             where="the Ray backend", fix="use backend='local' with the sandbox, or run "
             "without it only if you trust this code.")
     check_available()
-    return request_from_settings(groups=options.engine != "transformers")
+    return request_from_settings(groups=engine != "transformers")
