@@ -167,6 +167,15 @@ def test_the_command_shows_it_with_a_planted_home(
     assert data["counts"]["file-read"] == 5 and data["counts"]["environment"] == 6
     assert sum(1 for f in data["findings"] if (f["sandbox"] or "").startswith("refused")) == 8
     assert os.environ["HF_TOKEN"] == "hf_planted_token"  # the audit changed nothing
+    # inspect says the same refusals, before anything runs
+    code, out, _ = run_cli(capsys, "inspect", str(thief))
+    assert "sandbox (lines --sandbox refuses: 8; codeferry audit says why)" in out
+    assert (f'  modeling_thief.py:{line}:16: environment _os.environ["HF_TOKEN"]\n'
+            "      refused: the box removes HF_TOKEN from the environment\n") in out
+    code, out, _ = run_cli(capsys, "inspect", str(thief), "--json")
+    refused = json.loads(out)["sandbox"]
+    assert len(refused) == 8 and all(f["sandbox"].startswith("refused") for f in refused)
+    assert {f["line"] for f in refused} <= {f["line"] for f in data["findings"]}
 
 
 @pytest.mark.parametrize(

@@ -24,10 +24,14 @@ def inspect_command(args: argparse.Namespace) -> int:
             write_graph(Path(args.graph), render_dot(code))
         except ValueError as exc:
             raise UsageError(f"--graph {args.graph}: {exc}") from None
+    from .._code.audit.report import audit_bundle, render_box
+
     data, text = inspected(code)
     found, version = removed.uses_in(code.contents), removed.installed()
     data["removed_names"] = removed.to_json(found, version)  # names later releases removed
-    show(args, data, text + removed.render(found, version))
+    audited = audit_bundle(code)  # what the box would refuse, read statically too
+    data["sandbox"] = [f.to_json() for f in audited.refused]
+    show(args, data, text + removed.render(found, version) + render_box(audited))
     return 1 if code.blocking else 0
 
 

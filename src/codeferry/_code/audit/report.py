@@ -108,6 +108,16 @@ def audit(model: str | os.PathLike[str], *, revision: str | None = None,
     return audit_bundle(resolve(model, revision=revision, cache_dir=cache_dir))
 
 
+def render_box(report: AuditReport) -> str:
+    """The ``sandbox`` section of ``inspect``: each line ``--sandbox`` would refuse (nothing
+    when none), so a user knows before running; ``codeferry audit`` says why of each."""
+    if not report.refused:
+        return ""
+    out = [f"sandbox (lines --sandbox refuses: {len(report.refused)}; codeferry audit says why)"]
+    out += [f"  {f.location}: {f.category} {f.code}\n      {f.box}" for f in report.refused]
+    return "\n".join(out) + "\n"
+
+
 def render_audit(report: AuditReport) -> str:
     """The human form of ``codeferry audit``: findings grouped by category, with counts."""
     files = {f.file for f in report.findings}
