@@ -13,6 +13,10 @@ The model is codeferry's bundled demo (a tiny character LM with remote code): it
 token is small, so the box's per-call costs (Landlock's checks on each open, the seccomp
 filter on every system call, the audit hook) weigh more than on a real model. Run:
 ``python benchmarks/bench_sandbox.py [--reps 7]`` (about a minute on 2 quiet cores).
+
+``--engine vllm --model FOLDER`` times vLLM's engine instead (run by the Python of a vLLM
+environment; FOLDER a remote-code model vLLM runs, such as ``tests/_vllm_child.py build``'s
+``plain``): vLLM in the box against vLLM out of it, the same way.
 """
 
 from __future__ import annotations
@@ -36,18 +40,25 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=24)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--engine", default="transformers", choices=("transformers", "vllm"))
+    parser.add_argument("--model", default=None, help="a model folder (default: the demo)")
     args = parser.parse_args()
 
     import codeferry
     from codeferry._sandbox.landlock import abi_version
     from codeferry.testing import demo_model_path
 
-    model = demo_model_path()
-    prompts = [f"prompt number {i} " * (1 + i % 4) for i in range(args.prompts)]
+    model = args.model or demo_model_path()
+    words = ("prompt number", "w1 w2") if args.model else ("prompt number", "prompt")
+    prompts = [f"{words[i % 2]} {i % 9} " * (1 + i % 4) for i in range(args.prompts)]
     print(f"kernel {platform.release()}, Landlock ABI {abi_version()}, "
-          f"load {os.getloadavg()[0]:.2f}; {args.prompts} prompts x {args.tokens} tokens")
+          f"load {os.getloadavg()[0]:.2f}; {args.prompts} prompts x {args.tokens} tokens; "
+          f"engine {args.engine}")
 
-    keywords = {"workers": 1, "threads_per_worker": args.threads, "trust_remote_code": True}
+    keywords = {"workers": 1, "threads_per_worker": args.threads, "trust_remote_code": True,
+                "engine": args.engine}
+    if args.engine == "vllm":  # two engines side by side: a share of the memory each
+        keywords["engine_options"] = {"gpu_memory_utilization": 0.2, "max_model_len": 128}
     times: dict[str, list[float]] = {"unboxed": [], "boxed": []}
     with codeferry.Executor(model, sandbox=False, **keywords) as plain, \
             codeferry.Executor(model, sandbox=True, **keywords) as boxed:
@@ -65,6 +76,8 @@ def main() -> None:
     ratio = statistics.median(times["unboxed"]) / statistics.median(times["boxed"])
     print(f"    throughput in the box: {ratio:.3f}x of outside it (goal: 0.97x or better)")
 
+    if not args.starts:
+        return
     starts: dict[str, list[float]] = {"unboxed": [], "boxed": []}
     for _ in range(args.starts):
         for name, sandbox in (("unboxed", False), ("boxed", True)):
