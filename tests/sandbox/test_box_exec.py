@@ -110,3 +110,17 @@ def test_print_env_refuses_the_box(tmp_path: Path, home: Path) -> None:
     it boxed what runs them."""
     done = _exec(["--sandbox", "--print-env"], [], tmp_path, home)
     assert done.returncode == 2 and "--sandbox" in done.stderr and not done.stdout
+
+
+def test_a_child_reading_its_own_proc_files_is_told_why(tmp_path: Path, home: Path) -> None:
+    """The command reads its own ``/proc`` files (the box named them when it was made); a
+    process it starts cannot, and the refusal says why and what boxes such programs."""
+    child = "open('/proc/self/status').read()"
+    parent = (f"import subprocess, sys; open('/proc/self/status').read(); "
+              f"sys.exit(subprocess.run([sys.executable, '-c', {child!r}]).returncode)")
+    done = _exec(["--sandbox"], [sys.executable, "-c", parent], tmp_path, home)
+    assert done.returncode == 1
+    told = done.stderr.strip().splitlines()[-1]
+    assert told.startswith("codeferry.errors.SandboxRefusedError: "), told
+    assert "/status" in told and "cannot read its own /proc files" in told, told
+    assert "Executor(sandbox=True)" in told

@@ -11,6 +11,7 @@ of the thread names it. Bookkeeping only: the kernel decides.
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import sys
 import threading
@@ -174,12 +175,18 @@ def refusal(exc: BaseException, *, keep: tuple[str, ...] = ()) -> BaseException:
     if denied.filename is not None:
         operation = "exec" if operation == "exec" and str(denied.filename) in target else "open"
         target = str(denied.filename)
+    fix = ("the code tried what the box does not allow; if it must, allow it "
+           "(CODEFERRY_SANDBOX_READ, _WRITE, _PORTS, _KEEP), or run without the box only if you "
+           "trust this code.")
+    if target.startswith((f"/proc/{os.getpid()}/", "/proc/self/", "/proc/thread-self/")):
+        fix = ("a process started inside the box cannot read its own /proc files (the box's "
+               "rules name files that existed when it was made); box codeferry's workers "
+               "instead (Executor(sandbox=True), run --sandbox: each enters the box itself; "
+               "the vLLM engine runs in one), or run without the box only if you trust this "
+               "code.")
     error = SandboxRefusedError(
         f"the sandbox refused {operation or 'an access'} {target}: {denied.strerror or denied}"
         f" (the code raised {type(exc).__name__}: {exc})",
-        operation=operation, target=target, path=target if denied.filename else None,
-        fix="the code tried what the box does not allow; if it must, allow it "
-        "(CODEFERRY_SANDBOX_READ, _WRITE, _PORTS, _KEEP), or run without the box only if you "
-        "trust this code.")
+        operation=operation, target=target, path=target if denied.filename else None, fix=fix)
     error.__cause__ = exc
     return error
