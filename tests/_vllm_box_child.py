@@ -47,7 +47,14 @@ def main(model: Path, port: int, out: Path) -> None:
         return codeferry.Executor(model, workers=1, engine="vllm", trust_remote_code=True,
                                   sandbox=box, max_retries=0, engine_options=FAST)
 
-    report: dict[str, Any] = {}
+    from vllm.utils import cpu_resource_utils as cores
+
+    from codeferry._install.vllm import cores_in
+
+    # what the box reads from /sys instead of asking lscpu, against vLLM's own reader (here,
+    # outside the box, where lscpu runs)
+    report: dict[str, Any] = {"cores": [cores_in(), [[c.id, c.physical_core, c.numa_node]
+                                                     for c in cores._get_cpu_list()]]}
     for box in (True, False):
         way: dict[str, Any] = {"forward": {}}
         control.unlink(missing_ok=True)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 
-def run_in_group(args, *, env, stdout, timeout):
+def run_in_group(args, *, env, stdout, timeout, cwd=None):
     """Run a vLLM driver in its own process group; end the whole group when it is done.
 
     The driver leaves without vLLM's shutdown (``os._exit``), so its EngineCore and
@@ -43,7 +43,7 @@ def run_in_group(args, *, env, stdout, timeout):
     import subprocess
 
     child = subprocess.Popen(args, stdout=stdout, stderr=subprocess.STDOUT, env=env,
-                             start_new_session=True)
+                             start_new_session=True, cwd=cwd)
     try:
         return child.wait(timeout=timeout)
     finally:

@@ -125,7 +125,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS", "VLLM_CPU_KVCACHE_SPACE"),
         "vLLM's (on); unset; unset",
-        "vLLM's and OpenMP's own variables, which codeferry writes and never reads: an executor worker with `engine=\"vllm\"` sets the first to `0` before it builds its engine, so that vLLM's EngineCore runs inside the worker (a daemonic process, which may start none of its own), and the second, where unset, to the worker's threads (vLLM would cut torch to one; see the executor page); without the third, a CPU machine's workers divide half its free memory",
+        "vLLM's and OpenMP's own variables, which codeferry writes and never reads: an executor worker with `engine=\"vllm\"` sets the first to `0` before it builds its engine, so that vLLM's EngineCore runs inside the worker (a daemonic process, which may start none of its own; `exec --sandbox` too, where unset), and the second, where unset, to the worker's threads (vLLM would cut torch to one; see the executor page); without the third, a CPU machine's workers divide half its free memory",
     ),
     Setting(
         ("CODEFERRY_LOCK",),

@@ -46,9 +46,15 @@ def launch(command: Sequence[str], *, lock: str | None = None, sandbox: bool = F
     ``sandbox``, in the box first (``_sandbox.box.enter_for_command``), so all it starts is."""
     env = _settings.environment_with(exec_variables(lock))
     if sandbox:
+        from .._exec.engines.vllm_engine import vllm_version
         from .._sandbox.box import enter_for_command
 
-        env = enter_for_command(list(command), env)
+        # Where vLLM is installed its engine runs in the command's process (unless the user
+        # says otherwise): processes started in the box cannot read their own /proc files.
+        vllm = vllm_version() is not None
+        if vllm:
+            env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **env}
+        env = enter_for_command(list(command), env, groups=vllm)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     try:

@@ -31,6 +31,7 @@ class, verified bytes) with nothing to change in the user's script.
 from __future__ import annotations
 
 import logging
+import os
 
 from .. import _settings
 from ..errors import CodeferryError, PluginDisabledUnderLockError
@@ -62,6 +63,8 @@ def register() -> None:
         raise error
     if not _settings.vllm_plugin_enabled():
         return
+    if _settings.sandbox_switch():
+        pin_cores()
     try:
         import transformers.dynamic_module_utils  # noqa: F401
     except ImportError:  # no transformers here: no remote code to route
@@ -76,3 +79,51 @@ def register() -> None:
         raise
     # a child of vLLM's logger: the error reads like vLLM's own lines, in every process
     install_for_engine(lock, log=log)
+
+
+def pin_cores() -> None:
+    """In a boxed vLLM process: vLLM asks ``lscpu`` (through ``sh -c``) for the cores at
+    every start, which the box refuses (it starts no program); the same facts read from
+    ``/sys``, which the box lets it read, answer instead. Nothing where vLLM or its reader
+    is missing (another vLLM reads the cores some other way)."""
+    try:
+        from vllm.utils import cpu_resource_utils as cores
+    except ImportError:
+        return
+    info = getattr(cores, "LogicalCPUInfo", None)
+    if info is None or not hasattr(cores, "_get_cpu_list"):
+        return
+    found = [info(id=cpu, physical_core=core, numa_node=node) for cpu, core, node in cores_in()]
+    cores._get_cpu_list = lambda: list(found)
+
+
+def cores_in(root: str = "/sys/devices/system/cpu") -> list[tuple[int, int, int]]:
+    """``(cpu, core, node)`` of each online CPU, numbered as ``lscpu --extended=CPU,CORE,NODE
+    --online`` numbers them: a core is a distinct package and core id, counted in order of
+    first appearance; a CPU outside any NUMA node is on node 0."""
+    with open(f"{root}/online", encoding="ascii") as f:
+        online = _id_list(f.read())
+    numbered: dict[tuple[str, str], int] = {}
+    found = []
+    for cpu in online:
+        topology = f"{root}/cpu{cpu}/topology"
+        key = (_read(f"{topology}/physical_package_id"), _read(f"{topology}/core_id"))
+        nodes = sorted(int(name[4:]) for name in os.listdir(f"{root}/cpu{cpu}")
+                       if name.startswith("node") and name[4:].isdigit())
+        found.append((cpu, numbered.setdefault(key, len(numbered)), nodes[0] if nodes else 0))
+    return found
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="ascii") as f:
+        return f.read().strip()
+
+
+def _id_list(text: str) -> list[int]:
+    """``"0-3,8"``: ``[0, 1, 2, 3, 8]``, the kernel's list format."""
+    ids: list[int] = []
+    for part in text.strip().split(","):
+        if part:
+            first, _, last = part.partition("-")
+            ids.extend(range(int(first), int(last or first) + 1))
+    return ids

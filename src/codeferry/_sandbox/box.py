@@ -8,7 +8,7 @@ raises ``SandboxUnavailableError`` before any model code runs, and the process t
 runs none after (a worker reports it and ends).
 
 Refusals are the kernel's (``EACCES``/``EPERM``); which operation and target the model tried
-is read from the error where it names a file, else from the last operation this thread
+is read from the error where it names a file, else from the last operation this process
 announced through Python's audit events (``sys.addaudithook``): bookkeeping only, the
 kernel decides.
 """
@@ -208,17 +208,19 @@ def refusal(exc: BaseException) -> BaseException:
     return report.refusal(exc, keep=_entered[0].keep) if _entered else exc
 
 
-def enter_for_command(command: list[str], environment: dict[str, str]) -> dict[str, str]:
+def enter_for_command(command: list[str], environment: dict[str, str], *,
+                      groups: bool = False) -> dict[str, str]:
     """Box this process for ``codeferry exec --sandbox``: ``command`` replaces it next, so
     its every process (the user's own code included) is boxed. Readable besides the
     environment: the current folder (unless it would open the home) and the hub cache;
     the command's program may be started (and the interpreter, for the processes it
-    starts), nothing else. ``environment`` comes back without credentials, ``TMPDIR`` set."""
+    starts), nothing else; ``groups``: ``Request.groups`` (vLLM's engine in the command).
+    ``environment`` comes back without credentials, ``TMPDIR`` set."""
     check_available()
     found = shutil.which(command[0], path=environment.get("PATH")) or command[0]
     if not os.path.exists(found):
         return environment  # the caller's execvpe reports the missing command
-    request = request_from_settings(execute=[found])
+    request = request_from_settings(execute=[found], groups=groups)
     policy = policy_for(request, [os.getcwd(), str(_settings.hub_cache())])
     shebang = _shebang(found)
     if shebang is not None:  # a script: the kernel starts its interpreter

@@ -5,7 +5,7 @@ exec`` loads this file alone in every boxed Python process (importing the packag
 each one its imports). Python's audit events (``sys.addaudithook``) announce each socket
 operation, signal and program start before the system call; the kernel then refuses it or
 not. The refused call's ``OSError`` names no address or pid, so the last announced operation
-of the thread names it. Bookkeeping only: the kernel decides.
+of the process names it. Bookkeeping only: the kernel decides.
 """
 
 from __future__ import annotations
@@ -14,14 +14,16 @@ import errno
 import os
 import socket
 import sys
-import threading
+import types
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import TracebackType
     from typing import Any
 
-_state = threading.local()
+#: The process's last announced operation, not a thread's: an engine runs the model on a
+#: thread of its own (vLLM's in-process engine does), and its refusal surfaces on another.
+_state = types.SimpleNamespace(last=("", ""))
 #: The audited operations whose refusal names no file (``OSError.filename``), and the
 #: programs started (whose refusal names the program). Opens are not recorded: their errors
 #: name the file.
@@ -41,7 +43,7 @@ def _name(kind: Any, value: Any) -> str:
 
 
 def audit(event: str, args: tuple[Any, ...]) -> None:
-    """The audit hook: remember this thread's last operation of ``_EVENTS``."""
+    """The audit hook: remember the last operation of ``_EVENTS``."""
     found = _EVENTS.get(event)
     if found is None:
         return
@@ -59,8 +61,8 @@ def audit(event: str, args: tuple[Any, ...]) -> None:
 
 
 def last() -> tuple[str, str]:
-    """This thread's last announced ``(operation, target)``."""
-    found: tuple[str, str] = getattr(_state, "last", ("", ""))
+    """The last announced ``(operation, target)``."""
+    found: tuple[str, str] = _state.last
     return found
 
 

@@ -63,32 +63,24 @@ def vllm_version() -> str | None:
 
 
 def before_box() -> tuple[str, ...]:
-    """Read, before the box closes, what vLLM would start a program for once inside it, and
-    name what else of vLLM's the box must let it read.
+    """Ready vLLM for the box before it closes, and name what else of vLLM's the box must let
+    it read.
 
     vLLM's CPU worker asks ``lscpu`` (through ``sh -c``) for the cores at every start; the box
-    starts no program (a model's ``sh -c`` must stay refused), so the answer is read here and
-    vLLM's reader returns it from then on. vLLM keeps what it learnt of its own model classes
+    starts no program (a model's ``sh -c`` must stay refused), so the same facts come from
+    ``/sys`` (``_install.vllm.pin_cores``). vLLM keeps what it learnt of its own model classes
     in ``<VLLM_CACHE_ROOT>/modelinfos`` (keyed by the hash of vLLM's own files); without it
-    vLLM asks a fresh Python, about 10 s: it is read, never written, in the box. Nothing to
-    do where vLLM is missing or reads the cores some other way (no such reader);
-    where ``lscpu`` fails, vLLM's own start would fail alike, and says so.
+    vLLM asks a fresh Python, about 10 s: it is read, never written, in the box.
     """
     if vllm_version() is None:
         return ()
     try:
         from vllm import envs
-        from vllm.utils import cpu_resource_utils as cores
     except ImportError:
         return ()
-    reader = getattr(cores, "_get_cpu_list", None)
-    if reader is not None:
-        try:
-            found = reader()
-        except (OSError, ValueError):  # vLLM raises the same inside the box
-            pass
-        else:
-            cores._get_cpu_list = lambda: list(found)
+    from ..._install.vllm import pin_cores
+
+    pin_cores()
     return (str(Path(envs.VLLM_CACHE_ROOT) / "modelinfos"),)
 
 
