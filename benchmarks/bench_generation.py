@@ -575,7 +575,7 @@ def main() -> int:
     parser.add_argument("--vllm-impl", action="append", choices=["auto", "transformers"],
                         help="vLLM's ways (default: both)")
     parser.add_argument("--setting", action="append", default=None,
-                        help="Executor settings (JSON) besides the defaults; default: "
+                        help="Executor settings (JSON) besides the defaults ('none': the defaults alone); default: "
                         + " ".join(SETTINGS))
     parser.add_argument("--device", default="cpu",
                         help="where codeferry's ways and the plain loop run (cpu, cuda); "
@@ -589,7 +589,7 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=None,
                         help="start no workload after this many seconds (a leased machine)")
     args = parser.parse_args()
-    settings = args.setting or list(SETTINGS)
+    settings = [s for s in args.setting or SETTINGS if s != "none"]
     chosen = args.workload or ["greedy", "sampled", "forced16"]
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="codeferry-bench-generation-") as name:
