@@ -8,7 +8,7 @@ raises ``SandboxUnavailableError`` before any model code runs, and the process t
 runs none after (a worker reports it and ends).
 
 Refusals are the kernel's (``EACCES``/``EPERM``); which operation and target the model tried
-is read from the error where it names a file, else from the last operation this process
+is read from the error where it names a file, else from the last operation of its kind
 announced through Python's audit events (``sys.addaudithook``): bookkeeping only, the
 kernel decides.
 """

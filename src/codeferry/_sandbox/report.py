@@ -5,25 +5,26 @@ exec`` loads this file alone in every boxed Python process (importing the packag
 each one its imports). Python's audit events (``sys.addaudithook``) announce each socket
 operation, signal and program start before the system call; the kernel then refuses it or
 not. The refused call's ``OSError`` names no address or pid, so the last announced operation
-of the process names it. Bookkeeping only: the kernel decides.
+of its kind names it (``last``). Bookkeeping only: the kernel decides.
 """
 
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import socket
 import sys
-import types
+import threading
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import TracebackType
     from typing import Any
 
-#: The process's last announced operation, not a thread's: an engine runs the model on a
-#: thread of its own (vLLM's in-process engine does), and its refusal surfaces on another.
-_state = types.SimpleNamespace(last=("", ""))
+#: Each thread's last announced operation, numbered: ``(number, operation, target)``.
+_records: dict[int, tuple[int, str, str]] = {}
+_count = itertools.count(1)
 #: The audited operations whose refusal names no file (``OSError.filename``), and the
 #: programs started (whose refusal names the program). Opens are not recorded: their errors
 #: name the file.
@@ -57,13 +58,27 @@ def audit(event: str, args: tuple[Any, ...]) -> None:
         target = value if isinstance(value, str) else repr(value)
     else:
         target = ""
-    _state.last = (operation, target)
+    _records[threading.get_ident()] = (next(_count), operation, target)
 
 
-def last() -> tuple[str, str]:
-    """The last announced ``(operation, target)``."""
-    found: tuple[str, str] = _state.last
-    return found
+def last(kill: bool | None = None, *, forget: bool = False) -> tuple[str, str]:
+    """The last announced ``(operation, target)`` of this thread; where this thread announced
+    none of the kind asked (``kill``: a signal, or anything else), the newest of any thread's:
+    an engine may run the model on a thread of its own (vLLM's in-process engine does), and
+    its refusal surface on another. ``forget``: the record names no later refusal."""
+    def fits(record: tuple[int, str, str]) -> bool:
+        return kill is None or (record[1] == "kill") == kill
+
+    mine = _records.get(threading.get_ident())
+    found = mine if mine is not None and fits(mine) else max(
+        (r for r in list(_records.values()) if fits(r)), default=None)
+    if found is None:
+        return "", ""
+    if forget:
+        for ident, record in list(_records.items()):
+            if record is found:
+                _records.pop(ident, None)
+    return found[1], found[2]
 
 
 def watch() -> None:
@@ -126,7 +141,7 @@ def _unreached(exc: BaseException) -> OSError | None:
     ports are outside it, so the box, not the host, kept the code from them. Elsewhere a
     refused connect is the host's ordinary answer, not the box's."""
     refused = _denied(exc, (errno.ECONNREFUSED,))
-    operation, target = last()
+    operation, target = last(False)
     if refused is None or operation != "connect" or not target.startswith(("('127.", "('::1'")):
         return None
     return refused if _private_network() else None
@@ -158,8 +173,7 @@ def refusal(exc: BaseException, *, keep: tuple[str, ...] = ()) -> BaseException:
     denied = _denied(exc)
     unreached = _unreached(exc) if denied is None else None
     if unreached is not None:
-        operation, target = last()
-        _state.last = ("", "")
+        operation, target = last(False, forget=True)
         error = SandboxRefusedError(
             f"the sandbox's private network kept the code from connect {target}: the host's "
             f"loopback is outside it, and nothing in the box listens there (the code raised "
@@ -170,8 +184,9 @@ def refusal(exc: BaseException, *, keep: tuple[str, ...] = ()) -> BaseException:
         return error
     if denied is None:
         return exc
-    operation, target = last()
-    _state.last = ("", "")  # told once: a later refusal is not named by this record
+    # told once: a later refusal is not named by this record
+    operation, target = last(None if denied.filename else denied.errno == errno.EPERM,
+                             forget=True)
     if denied.filename is None and (denied.errno == errno.EPERM) != (operation == "kill"):
         operation, target = "", ""  # Landlock and the filter answer EACCES, signals EPERM
     if denied.filename is not None:
