@@ -136,3 +136,14 @@ def test_the_ray_backend_is_refused(hostile: Path) -> None:
         codeferry.Executor(hostile, workers=1, trust_remote_code=True, sandbox=True,
                            backend="ray")
     assert info.value.where == "the Ray backend"
+
+
+@pytest.mark.parametrize(("engine", "groups"), [
+    ("transformers", False), ("vllm", True), ("auto", True)])
+def test_only_an_engine_that_may_be_vllm_gets_its_groups(engine: str, groups: bool) -> None:
+    """vLLM's gloo groups listen on a port the kernel picks (``Request.groups``); workers
+    whose engine is transformers' keep the stricter box."""
+    from codeferry._exec.options import WorkerOptions, sandbox_request
+
+    request = sandbox_request(WorkerOptions(sandbox=True), engine)
+    assert request is not None and request.groups is groups
