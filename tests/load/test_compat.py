@@ -10,6 +10,7 @@ on the floors.
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import subprocess
@@ -210,6 +211,32 @@ def test_config_defaults_are_transformers_4s_and_not_saved(loaded: tuple[type, t
     assert model_class(config).max_length == 20
     assert "max_length" not in config.to_dict()
     assert config_class(pad_token_id=7).pad_token_id == 7  # the config's own value wins
+
+
+def test_the_files_removed_settings_are_read_and_saved_as_transformers_4_did(
+        folder: Path, tmp_path: Path) -> None:
+    """transformers 5 drops ``max_length`` (and every generation setting) from a config's
+    keywords while it builds it; code that sizes its model by ``config.max_length`` gets the
+    value config.json gave, and saves it back; transformers 5's check that refuses a config
+    setting generation parameters of its own (in ``generate`` and ``save_pretrained``) finds none."""
+    given = tmp_path / "given"
+    shutil.copytree(folder, given)
+    (given / "config.json").write_text(json.dumps({**CONFIG_JSON, "max_length": 64,
+                                                    "top_k": 3}))
+    classes = codeferry.load(given, trust_remote_code=True, strict=True)
+    config = classes["AutoConfig"].from_pretrained(given)
+    assert (config.max_length, config.top_k, config.num_beams) == (64, 3, 1)
+    assert classes["AutoModel"](config).max_length == 64
+    copied = copy.deepcopy(config)
+    assert copied.max_length == 64 and copied == config
+    saved = tmp_path / "saved"
+    config.save_pretrained(saved)
+    written = json.loads((saved / "config.json").read_text())
+    assert (written["max_length"], written["top_k"]) == (64, 3)
+    assert "_codeferry_given" not in written and "num_beams" not in written
+    assert classes["AutoConfig"].from_pretrained(saved).max_length == 64
+    if hasattr(config, "_get_generation_parameters"):  # transformers 5
+        assert config._get_generation_parameters() == {}
 
 
 def test_a_name_the_release_has_is_transformers_own(folder: Path) -> None:

@@ -15,8 +15,9 @@ How, without touching transformers:
   missing from the installed transformers (``transformers.deepspeed``) is answered the same way.
 * **Classes.** After the module ran (``on_module_executed``), each ``PreTrainedModel``
   subclass it defines gets the removed methods it lacks, on that class; each
-  ``PretrainedConfig`` subclass gets the removed defaults as class attributes (an instance
-  attribute, set by the config itself, still wins); a ``DynamicCache`` the model is handed
+  ``PretrainedConfig`` subclass gets the removed settings, read as transformers 4 read them:
+  the config's own attribute, else config.json's value (which transformers 5 drops while it
+  builds the config), else transformers 4's default; a ``DynamicCache`` the model is handed
   by ``generate`` gets the legacy methods through its class, swapped for a subclass that
   only adds them, for that one object.
 
@@ -353,8 +354,11 @@ def shim_classes(module: types.ModuleType, registration: Any = None) -> None:
             defaults = [name for name in CONFIG_DEFAULTS
                         if not hasattr(probe, name) and name not in vars(value)]
             for name in defaults:
-                setattr(value, name, CONFIG_DEFAULTS[name])
+                setattr(value, name, _Setting(name, CONFIG_DEFAULTS[name]))
                 added.append(f"{value.__name__}.{name}")
+            if defaults and not hasattr(value.__init__, _MARK):
+                setattr(value, "__init__", _keeping_given(value.__init__, frozenset(defaults)))  # noqa: B010
+                setattr(value, "to_dict", _with_given(value.to_dict))  # noqa: B010
             if defaults and hasattr(value, "_get_generation_parameters"):
                 setattr(value, "_get_generation_parameters",  # noqa: B010
                         _own_generation_parameters(value._get_generation_parameters,
@@ -368,6 +372,54 @@ def _transformers_model(cls: type, name: str) -> bool:
     caches its ``generate`` makes, so transformers 4's way must not replace it."""
     found = getattr(cls, name, None)
     return str(getattr(found, "__module__", "")).startswith("transformers.models.")
+
+
+#: Where a config keeps the removed settings its file gave (``{"max_length": 64}``).
+_GIVEN = "_codeferry_given"
+
+
+class _Setting:
+    """A setting transformers 4 kept on every config (``config.max_length``), read as it did:
+    the value config.json gave, else transformers 4's default. An attribute the config sets
+    itself is the instance's and wins (this descriptor only answers when there is none)."""
+
+    def __init__(self, name: str, default: object) -> None:
+        self.name, self.default = name, default
+
+    def __get__(self, instance: Any, owner: type) -> Any:
+        if instance is None:
+            return self.default
+        return instance.__dict__.get(_GIVEN, {}).get(self.name, self.default)
+
+
+def _keeping_given(init: Callable[..., None], names: frozenset[str]) -> Callable[..., None]:
+    """The config's ``__init__``, keeping the removed settings its file gave: transformers 5's
+    own ``__init__`` drops them from the keywords, and code such as ChatGLM's sizes its model
+    by ``config.max_length``."""
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        given = {name: kwargs[name] for name in names if name in kwargs}
+        init(self, *args, **kwargs)
+        if given:
+            self.__dict__.setdefault(_GIVEN, {}).update(given)
+
+    setattr(__init__, _MARK, True)
+    return __init__
+
+
+def _with_given(to_dict: Callable[[Any], dict[str, Any]]) -> Callable[[Any], dict[str, Any]]:
+    """``to_dict`` with the file's removed settings under their own names, as transformers 4
+    saved them (and built the generation config from them), not under the private record."""
+
+    @functools.wraps(to_dict)
+    def with_given(self: Any) -> dict[str, Any]:
+        out = to_dict(self)
+        given = out.pop(_GIVEN, None) or {}
+        out.update({name: value for name, value in given.items() if name not in out})
+        return out
+
+    return with_given
 
 
 def _own_generation_parameters(found: Callable[[Any], dict[str, Any]],
