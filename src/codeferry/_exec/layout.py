@@ -17,7 +17,12 @@ forced tokens 1.01x against 1.22x; bfloat16 greedy 0.82x against 0.80x, 16 force
 0.70x against 0.97x; 217M greedy level (0.99x). Neither wins everywhere; two workers
 never fall far, so they stay. Beside a process spinning on one core (``bench_generation.py
 --neighbour``, 2026-12-06), one vLLM worker of two threads kept 19% of its quiet speed and
-two of one thread 63%: the vLLM engine gets this layout too.
+two of one thread 63%: the vLLM engine gets this layout too. Nor do the decode loop's rows
+gather on one worker of one thread when a neighbour takes cores (tried, 2026-12-06, 64
+prompts capped at 128, remote code, transformers 5.25): one worker made 328, 308 and 332
+tokens/s quiet, beside a busy core and beside two half-busy ones, two workers 515, 349 and
+382: a step of 64 rows 70 tokens long reads as many bytes of KV cache as of weights, so
+rows stop paying (one worker: 268 tokens/s at 24 rows, 283 at 32, 298 at 64).
 
 An accelerator: one worker per visible device (more would share a device's memory).
 Ray: two actors; the cluster's shape is not known until it is reached, so ``workers`` and
