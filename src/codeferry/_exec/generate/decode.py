@@ -443,10 +443,8 @@ class Engine:
                 batch.last = last if batch.last is None else torch.cat([batch.last, last])
                 self._record(tokens, offset=len(batch.rows) - len(part))
         elif batch.rows:
-            # ended rows leave in runs (a compaction copies the cache), and at once when
-            # their group was handed back: what the step reads of them is gone (``_finish``)
-            if sum(batch.done) * 8 >= len(batch.rows) or any(
-                    row not in self.options for row in batch.rows):
+            # ended rows leave in runs, or at once when their group was handed back (``_finish``)
+            if sum(batch.done) * 8 >= len(batch.rows) or any(r not in self.options for r in batch.rows):
                 batch.compact()
             if batch.rows:
                 logits = batch.step()
