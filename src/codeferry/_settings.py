@@ -28,6 +28,7 @@ __all__ = [
     "DEFAULT_RAY_SHIP_LIMIT",
     "Setting",
     "codeferry_home",
+    "releases_home",
     "cuda_visible_devices",
     "debug",
     "hub_cache",
@@ -86,6 +87,11 @@ SETTINGS: tuple[Setting, ...] = (
         "`$XDG_CACHE_HOME/codeferry`, else `~/.cache/codeferry`",
         "codeferry's store of verified code units (`v1/units/<token>/`), written atomically under a file lock per unit; "
         "also who holds `codeferry run`'s outputs (`run-locks/`: notes; the lock is the output file's own)",
+    ),
+    Setting(
+        ("CODEFERRY_RELEASES",),
+        "`$CODEFERRY_HOME/releases`",
+        "the release environments: for a model whose code needs an older transformers than the installed one (names later releases removed, no shim), `transformers-<line>/` holds that release and its dependencies, installed once (`codeferry release`, or the first run); the executor's workers put it first on their path",
     ),
     Setting(
         ("XDG_CACHE_HOME",),
@@ -245,6 +251,12 @@ def codeferry_home() -> Path:
     """The store's home: ``CODEFERRY_HOME`` or ``$XDG_CACHE_HOME/codeferry``."""
     home = _get("CODEFERRY_HOME")
     return _path(home) if home else _xdg_cache() / "codeferry"
+
+
+def releases_home() -> Path:
+    """Where release environments are: ``CODEFERRY_RELEASES`` or ``$CODEFERRY_HOME/releases``."""
+    home = _get("CODEFERRY_RELEASES")
+    return _path(home) if home else codeferry_home() / "releases"
 
 
 def _hf_home() -> Path:

@@ -93,6 +93,7 @@ __all__ = [
     "SamplingParamsError",
     "ChatTemplateMissingError",
     "EngineRefusedError",
+    "ReleaseUnavailableError",
     "SandboxError",
     "SandboxUnavailableError",
     "SandboxRefusedError",
@@ -310,7 +311,16 @@ class ImportCycleError(CodeferryError, ImportError):
 
 
 class MissingTransformersNameError(CodeferryError, ImportError):
-    """The code imports a name the installed transformers does not have."""
+    """The code imports a name the installed transformers does not have.
+
+    ``needs``: the last transformers release checked that has it (``"4.57"``), where known:
+    the executor's workers can run the code there (``ReleaseUnavailableError`` when that
+    release cannot be made); ``""`` where no release is known to have it.
+    """
+
+    def __init__(self, message: str, *, needs: str = "", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.needs = needs
 
 
 class MissingPackageError(CodeferryError, ImportError):
@@ -747,6 +757,11 @@ class MainGuardError(CodeferryError, RuntimeError):
 
 
 # -- _exec: engines -----------------------------------------------------------------------
+
+class ReleaseUnavailableError(CodeferryError, RuntimeError):
+    """The transformers release a model's code needs is not made here and cannot be made now
+    (offline, or the installer failed); what to run to make it is in ``fix``."""
+
 
 class EngineRefusedError(CodeferryError, RuntimeError):
     """The engine a worker was asked for (``engine="vllm"``) cannot serve this model or this

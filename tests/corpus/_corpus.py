@@ -16,10 +16,12 @@ import os
 import shutil
 import subprocess
 import sys
-import zlib
 from pathlib import Path
 
 import codeferry
+from codeferry._code import removed
+from codeferry._exec.files import written_for
+from codeferry._exec.workers import release
 
 HERE = Path(__file__).resolve().parent
 MODELS = HERE / "models"
@@ -35,8 +37,7 @@ RELEASES = {"chatglm": "4.48.3"}
 
 def build(family: str, root: Path) -> Path:
     """The family's files, the demo model's tokenizer, and seeded weights, in ``root``."""
-    import torch
-    from safetensors.torch import save_file
+    from _weights import save_seeded
     from transformers import AutoConfig, AutoModelForCausalLM
 
     folder = root / family
@@ -45,25 +46,34 @@ def build(family: str, root: Path) -> Path:
     demo = Path(codeferry.__file__).parent / "demo"
     for name in ("tokenization_charlm.py", "tokenizer_config.json", "vocab.json"):
         shutil.copy(demo / name, folder / name)
+    line = release_line(folder)
+    if line is not None:  # the running transformers cannot import this code: its release can
+        assert release.made(line), f"make the release first: codeferry release {line}"
+        done = subprocess.run([sys.executable, str(HERE / "_weights.py"), str(folder),
+                               str(release.folder(line))], capture_output=True, text=True,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return folder
     codeferry.load(folder, trust_remote_code=True)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
-    state = {}
-    for name, tensor in model.state_dict().items():
-        generator = torch.Generator().manual_seed(zlib.crc32(name.encode()))
-        noise = torch.randn(tensor.shape, generator=generator) * 0.3
-        state[name] = (noise + (1.0 if name.endswith("norm.weight") else 0.0)).contiguous()
-    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_seeded(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)), str(folder))
     return folder
+
+
+def release_line(folder: Path) -> str | None:
+    """The transformers release the executor's workers run ``folder``'s code on (``None``:
+    the installed one), as the executor decides it."""
+    contents = {(None, p.name): p.read_bytes() for p in folder.glob("*.py")}
+    return removed.release_for(removed.uses_in(contents), removed.installed(),
+                               written_for(folder))
 
 
 def reference(folder: Path, python: str = sys.executable) -> list[list[int]]:
     """The tokens plain transformers gives (``python``'s, or the family's own release)."""
     path = ""
     if folder.name in RELEASES:
-        release = Path(python).parents[1] / f"transformers-{RELEASES[folder.name]}"
-        assert (release / "transformers").is_dir(), f"install transformers into {release}"
-        path = str(release)
+        target = Path(python).parents[1] / f"transformers-{RELEASES[folder.name]}"
+        assert (target / "transformers").is_dir(), f"install transformers into {target}"
+        path = str(target)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
     done = subprocess.run([python, str(HERE / "_reference.py"), str(folder), str(NEW_TOKENS),
                            *PROMPTS], capture_output=True, text=True, env=env, timeout=300,

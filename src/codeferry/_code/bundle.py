@@ -9,11 +9,11 @@ problems block which class (``problems_for``, ``check_classes``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import CodeferryError, ProblemsFound
+from ..errors import CodeferryError, MissingTransformersNameError, ProblemsFound
 from . import graph as _graph
 from .automap import ClassRef, qualified
 from .requirements import Requirement
@@ -104,6 +104,15 @@ class Bundle:
     @property
     def blocking(self) -> tuple[CodeferryError, ...]:
         return tuple(p for p in self.problems if p.blocking)
+
+    def on_release(self) -> Bundle:
+        """This bundle as a release environment's workers see it (``_code.removed.release_for``
+        chose the release): without the problems of names the installed transformers lacks
+        and that release has."""
+        keep = [i for i, p in enumerate(self.problems)
+                if not (isinstance(p, MissingTransformersNameError) and p.needs)]
+        return replace(self, problems=tuple(self.problems[i] for i in keep),
+                       scopes=tuple(self.scopes[i] for i in keep if i < len(self.scopes)))
 
     def problems_for(self, ref: ClassRef) -> tuple[CodeferryError, ...]:
         """The blocking problems that keep ``ref`` from loading: in its closure, or its own."""

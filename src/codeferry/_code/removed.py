@@ -15,8 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
 
-__all__ = ["Removed", "Use", "IMPORTS", "ATTRIBUTES", "CONFIG_DEFAULTS", "scan", "installed",
-           "applies", "remedy", "uses_in", "to_json", "render"]
+__all__ = ["Removed", "Use", "IMPORTS", "ATTRIBUTES", "CONFIG_DEFAULTS", "FLOOR", "scan",
+           "installed", "applies", "remedy", "by_release", "release_for", "uses_in", "to_json", "render"]
+
+#: The oldest transformers release codeferry runs on (pyproject.toml's floor): a release
+#: environment older than this could not run codeferry's own worker.
+FLOOR = "4.53"
 
 
 @dataclass(frozen=True)
@@ -195,6 +199,35 @@ def remedy(removed: Removed) -> str:
     return f"needs transformers <= {removed.last_with}"
 
 
+def by_release(removed: Removed) -> bool:
+    """Whether a release environment serves ``removed``: no shim does, and a release
+    codeferry runs on (``FLOOR`` or later) still has it."""
+    return (not removed.shim and removed.last_with != "-"
+            and _key(removed.last_with) >= _key(FLOOR))
+
+
+def release_for(found: list[tuple[str, Use]], version: str | None,
+                written_for: str | None = None) -> str | None:
+    """The release line (``"4.53"``) whose transformers the executor's workers run a model's
+    code on, or ``None``: ``version`` (the installed) serves every name the code uses.
+
+    Only names no shim serves count, and only those ``version`` lacks. The line is the
+    release the code was written for (``written_for``: config.json's ``transformers_version``),
+    raised to ``FLOOR`` and lowered to the oldest of those names' last releases (a later
+    release than the code's own may still change what it computes: 4.56's ``DynamicCache``
+    keeps only the window of a config with ``sliding_window``). ``None`` too when one of the
+    names no release codeferry runs on has (``by_release``): the import check's error stands."""
+    wanted = [use.removed for _, use in found
+              if not use.removed.shim and applies(use.removed, version)]
+    if not wanted or not all(by_release(r) for r in wanted):
+        return None
+    line = min((r.last_with for r in wanted), key=_key)
+    if written_for and _key(written_for) < _key(line):
+        own = ".".join(str(n) for n in _key(written_for)[:2])
+        line = max(own, FLOOR, key=_key)
+    return line
+
+
 def uses_in(contents: Mapping[tuple[str | None, str], bytes]) -> list[tuple[str, Use]]:
     """``(file, use)`` of every removed name the Python files of ``contents`` use (a
     bundle's exact bytes; a cross-repo file is named ``repo--path``)."""
@@ -226,6 +259,10 @@ def render(found: list[tuple[str, Use]], version: str | None) -> str:
     for path, use in found:
         by_name.setdefault(use.removed, []).append(f"{path}:{use.line}")
     out = [f"transformers names later releases removed (installed: {version or 'none'})"]
+    line = release_for(found, version)
+    if line is not None:
+        out.append(f"  the executor's workers run this code on transformers {line} (a release "
+                   "environment beside the installed packages: CODEFERRY_RELEASES)")
     width = max(len(r.name) for r in by_name)
     for removed, places in sorted(by_name.items(), key=lambda kv: kv[0].name):
         span = (f"gone in {removed.first_without}" if removed.last_with == "-" else

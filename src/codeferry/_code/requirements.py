@@ -28,6 +28,7 @@ from typing import Any
 from ..errors import CodeferryError, MissingPackageError, MissingTransformersNameError
 from .graph import ModuleScan, scan
 from .removed import IMPORTS as _REMOVED
+from .removed import by_release
 
 __all__ = [
     "Use",
@@ -240,12 +241,17 @@ def check_transformers_names(scans: Iterable[tuple[str, ModuleScan]]) -> list[Co
             where = "does not exist" if not names else f"has no {name!r}"
             fix = ("install the transformers version the model was written for "
                    "(see its README or config.json 'transformers_version').")
+            needs = ""
             if removed is not None and removed.last_with != "-":
                 fix = (f"install transformers <= {removed.last_with} (the last release checked "
                        f"that has it; {removed.first_without} has not).")
+            if removed is not None and by_release(removed):
+                needs = removed.last_with
+                fix = (f"run it through codeferry.Executor or `codeferry run`, whose workers "
+                       f"run it on transformers {needs} (a release environment); or {fix}")
             problems.append(MissingTransformersNameError(
                 f"imports {name!r} from {imp.module}, which {where} in the installed "
                 f"transformers {version}.",
-                path=path, line=imp.line, col=imp.col, fix=fix,
+                path=path, line=imp.line, col=imp.col, fix=fix, needs=needs,
             ))
     return problems

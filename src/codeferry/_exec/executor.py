@@ -41,6 +41,7 @@ from .options import Backend, EngineName, GeneratePath, StartMethod, WorkerOptio
 from .plan import Plan, prepare
 from .scheduler import STREAM_DEPTH, Batch, Call, Outcome, Scheduler
 from .workers.checks import check_main_guard
+from .workers.release import release_folder
 from .workers.transport import LocalTransport, Transport
 from .workers.worker import WorkerSpec
 
@@ -163,13 +164,14 @@ class Executor:
             check_main_guard("spawn" if worker.warm else worker.start_method)  # the zygote is spawned
         #: The engine the workers get, and why (``choose_engine``); either engine is laid out
         #: alike (``layout``: workers of one thread each hold up beside other work).
-        tasks = model.tasks if isinstance(model, Plan) else preload
-        self.engine, self.engine_reason = choose_engine(worker.engine, worker.backend, tasks)
-        request = sandbox_request(worker, self.engine)  # before any model code runs
         plan = model if isinstance(model, Plan) else prepare(
             model, options, tasks=preload, device=worker.device, dtype=worker.dtype,
             digest=digest, local_device=worker.backend == "local")
+        self.engine, self.engine_reason = choose_engine(worker.engine, worker.backend, plan.tasks,
+                                                        plan.release)
+        request = sandbox_request(worker, self.engine)  # before any model code runs
         bundle, decision, device = plan.bundle, plan.decision, plan.device
+        release = release_folder(plan.release, worker.backend)  # made here, once
         count, threads = layout(device, worker.backend, worker.workers, worker.threads_per_worker,
                                 cpus=cpus(), devices=devices(device, worker.backend),
                                 ray_cpus=(worker.ray_resources or {}).get("num_cpus", 1))
@@ -198,7 +200,7 @@ class Executor:
             WorkerSpec(self.model, plan.for_workers(),
                        device if worker.backend == "ray" else device_for(device, slot),
                        plan.dtype, threads, plan.tasks, self.digest, choice,
-                       code=plan.code_folder, sharing=count)
+                       code=plan.code_folder, sharing=count, release=release)
             for slot in range(count)
         ]
         transport: Transport

@@ -31,7 +31,7 @@ from typing import Any
 from .._code.source import WEIGHT_SUFFIXES
 from ..errors import ModelFilesMissingError
 
-__all__ = ["MODEL_TASKS", "check_model_files", "has_weights", "may_have_chat_template",
+__all__ = ["MODEL_TASKS", "check_model_files", "has_weights", "may_have_chat_template", "written_for",
            "missing_tokenizer", "model_context"]
 
 #: The tasks whose workers build a model from the weights.
@@ -215,6 +215,12 @@ def may_have_chat_template(folder: Path) -> bool:
 #: The keys of a text config that bound its sequences, as vLLM reads them (the least wins).
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length",
                 "max_seq_len")
+
+
+def written_for(folder: Path) -> str | None:
+    """The transformers release the model's ``config.json`` says it was saved with, if any."""
+    version = (_json(folder / "config.json") or {}).get("transformers_version")
+    return version if isinstance(version, str) else None
 
 
 def model_context(folder: Path) -> int | None:

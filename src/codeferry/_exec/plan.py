@@ -16,11 +16,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .._code import hub as _hub
+from .._code import removed
 from .._code.resolve import Bundle
 from .._code.source import ModelOrigin
 from .._trust.decide import Decision, code_changed
 from .._trust.options import ModelOptions
-from .files import check_model_files
+from .files import check_model_files, written_for
 from .workers.checks import check_device, dtype_name
 
 __all__ = ["Plan", "needed_classes", "prepare"]
@@ -48,6 +49,9 @@ class Plan:
     #: The dtype's name (``torch.float16`` and ``"float16"`` agree), or ``None``: the model's.
     dtype: str | None
     tasks: tuple[str, ...]
+    #: The transformers release line the workers run the code on (``"4.57"``: a release
+    #: environment, ``workers.release``), or ``None``: the installed one serves it.
+    release: str | None = None
 
     @property
     def digest(self) -> str:
@@ -96,10 +100,17 @@ def prepare(
     bundle = options.resolve_code(model, whole=need == "model", requirements=need == "model")
     if digest is not None and bundle.digest != digest:
         raise code_changed(bundle, digest)
+    # Names the installed transformers lacks and no shim serves: the workers get the release
+    # that has them, and what they would block here blocks nothing.
+    release = removed.release_for(removed.uses_in(bundle.contents), removed.installed(),
+                                  written_for(bundle.origin.root))
+    if release is not None:
+        bundle = bundle.on_release()
     weights = options.locate_model(model, bundle, need=need)
     if need == "model":
         bundle.check_classes(needed_classes(tasks))  # another class's problem is no matter
     decision = options.decide(bundle, demo=demo)
     if need == "model":
         check_model_files(weights.root, tasks, code=bundle.origin.root)
-    return Plan(os.fspath(model), options, bundle, weights, decision, device, dtype, tuple(tasks))
+    return Plan(os.fspath(model), options, bundle, weights, decision, device, dtype, tuple(tasks),
+                release)

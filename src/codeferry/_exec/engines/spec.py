@@ -57,3 +57,6 @@ class WorkerSpec:
     #: How many of the executor's workers may build their models on one machine at once:
     #: they share its free memory (``packing.pack_linears``' float32 copies).
     sharing: int = 1
+    #: The folder of the transformers release the code needs (``workers.release``), first on
+    #: the worker's path; ``None``: the installed transformers.
+    release: str | None = None

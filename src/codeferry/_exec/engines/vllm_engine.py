@@ -84,10 +84,12 @@ def before_box() -> tuple[str, ...]:
     return (str(Path(envs.VLLM_CACHE_ROOT) / "modelinfos"),)
 
 
-def choose_engine(engine: str, backend: str, tasks: Sequence[str] = ("generate",)
-                  ) -> tuple[str, str]:
+def choose_engine(engine: str, backend: str, tasks: Sequence[str] = ("generate",),
+                  release: str | None = None) -> tuple[str, str]:
     """``(engine the workers get, why)``: ``auto`` stays ``auto`` (each worker tries vLLM)
-    only where vLLM can be imported, the workers are local processes and they generate."""
+    only where vLLM can be imported, the workers are local processes and they generate, and
+    the code runs on the installed transformers (not on a ``release``: vLLM's process has the
+    installed one only)."""
     if engine not in ("transformers", "vllm", "auto"):
         raise ValueError(f"engine must be 'transformers', 'vllm' or 'auto', got {engine!r}")
     if engine == "transformers":
@@ -101,6 +103,8 @@ def choose_engine(engine: str, backend: str, tasks: Sequence[str] = ("generate",
         return "transformers", "engine='auto': vLLM is not installed here"
     if engine == "auto" and backend != "local":
         return "transformers", "engine='auto': vLLM runs in local workers only"
+    if engine == "auto" and release is not None:
+        return "transformers", f"engine='auto': the code needs transformers {release}"
     if engine == "auto" and "generate" not in tasks:
         return "transformers", "engine='auto': vLLM only generates, and these workers do not"
     return engine, f"engine={engine!r}: vLLM {version or '(not installed)'} where it runs the model"

@@ -16,16 +16,25 @@ it has started.
 
 The zygote watches its parent and exits with it; workers watch the zygote (their
 parent) and exit with it, so a killed executor process leaves nothing behind.
+
+A model whose code needs another transformers release than the installed one gets a zygote of
+its own, started as a plain interpreter with the release's folder first on its path
+(``release``): a spawned process would take this process's path and import its ``__main__``,
+whose imports may be transformers, before anything could change it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import multiprocessing as mp
 import os
 import secrets
 import signal
+import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -33,6 +42,7 @@ from collections.abc import Sequence
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
+from .release import hide_conflicts
 from .stdout import route_stdout
 from .worker import WorkerSpec, worker_main
 
@@ -55,7 +65,12 @@ PRELOAD = (
 def _warm(preload: Sequence[str]) -> None:
     """Import, and fill library caches that do not depend on any model."""
     for name in preload:
-        importlib.import_module(name)
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            # a module another transformers release does not have (tokenization_python: 5.x)
     # A cache we could not fill here is filled later, in the worker that needs it.
     with contextlib.suppress(Exception):
         from transformers.conversion_mapping import get_checkpoint_conversion_mapping
@@ -102,6 +117,40 @@ def _zygote_main(conn: Connection, preload: Sequence[str], parent_pid: int) -> N
         conn.send(("forked", pid))
 
 
+def _serve(settings: str) -> None:
+    """A release zygote's entry (``_BOOT``), its path already set: the user's packages that
+    conflict with the release hidden, then the zygote's own work."""
+    given = json.loads(settings)
+    hide_conflicts(sys.path[0])
+    _zygote_main(Connection(given["fd"]), given["preload"], given["parent"])
+
+
+#: What a release zygote runs: the release first on the path, then this process's path (the
+#: code of the tests or the script that pickled the worker's spec), then its own.
+_BOOT = ("import json, sys; paths = json.loads(sys.argv[1]); "
+         "sys.path[:] = paths + [p for p in sys.path if p not in paths]; "
+         "from codeferry._exec.workers.zygote import _serve; _serve(sys.argv[2])")
+
+
+class _Popen:
+    """The parts of ``multiprocessing.Process`` the zygote's owner uses, for a subprocess."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+
+    def is_alive(self) -> bool:
+        return self._popen.poll() is None
+
+    def join(self, timeout: float | None = None) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._popen.wait(timeout)
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            self._popen.kill()
+
+
 class ForkedProcess:
     """The parts of ``multiprocessing.Process`` the executor uses, for a zygote's child.
 
@@ -140,21 +189,44 @@ class ForkedProcess:
 class Zygote:
     """One warm process that forks executor workers on request."""
 
-    def __init__(self, preload: Sequence[str] = PRELOAD) -> None:
-        ctx: Any = mp.get_context("spawn")
+    def __init__(self, preload: Sequence[str] = PRELOAD, release: str | None = None) -> None:
+        """``release``: the folder of a release environment (``release.ensure``) the zygote,
+        and so every worker it forks, imports transformers from."""
         self._lock = threading.Lock()
         self._dir = tempfile.mkdtemp(prefix="codeferry-zygote-")
         self._address = os.path.join(self._dir, "workers.sock")
         self._authkey = secrets.token_bytes(32)
         self._listener = Listener(self._address, family="AF_UNIX", authkey=self._authkey)
-        self._conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_zygote_main, args=(child, tuple(preload), os.getpid()),
-                                   name="codeferry-zygote", daemon=True)
-        self.process.start()
-        child.close()
-        message = self._conn.recv()
+        self.process: Any
+        if release is None:
+            ctx: Any = mp.get_context("spawn")
+            self._conn, child = ctx.Pipe()
+            self.process = ctx.Process(target=_zygote_main,
+                                       args=(child, tuple(preload), os.getpid()),
+                                       name="codeferry-zygote", daemon=True)
+            self.process.start()
+            child.close()
+        else:
+            self._conn = self._start_in(release, preload)
+        try:
+            message = self._conn.recv()
+        except (EOFError, OSError):
+            message = ("exited at start", release and f"with transformers from {release}")
         if message[0] != "ready":
             raise RuntimeError(f"the codeferry zygote failed to start: {message!r}")
+
+    def _start_in(self, release: str, preload: Sequence[str]) -> Connection:
+        """Start the zygote as an interpreter of its own with ``release`` first on its path;
+        its connection back is one end of a socket pair only the two processes hold."""
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
+            paths = [release, *(p for p in sys.path if p and p != release)]
+            settings = {"fd": theirs.fileno(), "parent": os.getpid(), "preload": list(preload)}
+            popen = subprocess.Popen(
+                [sys.executable, "-c", _BOOT, json.dumps(paths), json.dumps(settings)],
+                pass_fds=(theirs.fileno(),))
+            self.process = _Popen(popen)
+            return Connection(ours.detach())  # EOF at start: the zygote died (its stderr)
 
     def fork(self, spec: WorkerSpec, slot: int | None = None) -> tuple[ForkedProcess, Connection]:
         """A new worker forked from the zygote, and the executor's end of its connection;
@@ -187,14 +259,15 @@ class Zygote:
         self._listener.close()
 
 
-_shared: Zygote | None = None
+_shared: dict[str | None, Zygote] = {}
 _shared_lock = threading.Lock()
 
 
-def shared_zygote() -> Zygote:
-    """This process's zygote, started on first use."""
-    global _shared
+def shared_zygote(release: str | None = None) -> Zygote:
+    """This process's zygote (for a release environment's folder: that release's), started on
+    first use."""
     with _shared_lock:
-        if _shared is None or not _shared.alive:
-            _shared = Zygote()
-        return _shared
+        zygote = _shared.get(release)
+        if zygote is None or not zygote.alive:
+            zygote = _shared[release] = Zygote(release=release)
+        return zygote
