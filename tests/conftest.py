@@ -22,6 +22,11 @@ from typing import Any
 # before anything imports transformers (it reads HF_MODULES_CACHE once, at import);
 # child processes inherit it.
 _ROOT = tempfile.mkdtemp(prefix="codeferry-tests-")
+# ...but the release environments the set-up made (`codeferry release`, the README's test
+# command): made with the network, as a user's first run makes them, then used offline.
+from codeferry._settings import releases_home  # noqa: E402 - reads nothing at import
+
+os.environ["CODEFERRY_RELEASES"] = str(releases_home())
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_HOME"] = os.path.join(_ROOT, "hf")
 os.environ["HF_MODULES_CACHE"] = os.path.join(_ROOT, "hf", "modules")

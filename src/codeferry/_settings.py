@@ -91,7 +91,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         ("CODEFERRY_RELEASES",),
         "`$CODEFERRY_HOME/releases`",
-        "the release environments: for a model whose code needs an older transformers than the installed one (names later releases removed, no shim), `transformers-<line>/` holds that release and its dependencies, installed once (`codeferry release`, or the first run); the executor's workers put it first on their path",
+        "release environments: `transformers-<line>-<python>/`, a release some model's code needs, made once (`codeferry release` or the first run; see Loading)",
     ),
     Setting(
         ("XDG_CACHE_HOME",),

@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from . import _settings
-from ._commands import audit, doctor, lock, run, verify
+from ._commands import audit, doctor, lock, release, run, verify
 from ._commands import exec as exec_command
 from ._commands import inspect as inspect_command
 from ._commands.command import Commands, UsageError, demo
@@ -42,7 +42,7 @@ __all__ = ["main"]
 #: (``_commands``) holds its flags, its checks and the function that runs it.
 _COMMANDS: tuple[Callable[[Commands], None], ...] = (
     inspect_command.register, doctor.register, audit.register, run.register, lock.register,
-    verify.register, exec_command.register)
+    verify.register, release.register, exec_command.register)
 
 
 def _demo() -> str:

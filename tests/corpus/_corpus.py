@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 
 import codeferry
-from codeferry._code import removed
-from codeferry._exec.files import written_for
+from codeferry._code.resolve import resolve
+from codeferry._exec.plan import release_line
 from codeferry._exec.workers import release
 
 HERE = Path(__file__).resolve().parent
@@ -46,7 +46,7 @@ def build(family: str, root: Path) -> Path:
     demo = Path(codeferry.__file__).parent / "demo"
     for name in ("tokenization_charlm.py", "tokenizer_config.json", "vocab.json"):
         shutil.copy(demo / name, folder / name)
-    line = release_line(folder)
+    line = release_line(resolve(folder))  # as the executor decides it
     if line is not None:  # the running transformers cannot import this code: its release can
         assert release.made(line), f"make the release first: codeferry release {line}"
         done = subprocess.run([sys.executable, str(HERE / "_weights.py"), str(folder),
@@ -57,14 +57,6 @@ def build(family: str, root: Path) -> Path:
     codeferry.load(folder, trust_remote_code=True)
     save_seeded(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)), str(folder))
     return folder
-
-
-def release_line(folder: Path) -> str | None:
-    """The transformers release the executor's workers run ``folder``'s code on (``None``:
-    the installed one), as the executor decides it."""
-    contents = {(None, p.name): p.read_bytes() for p in folder.glob("*.py")}
-    return removed.release_for(removed.uses_in(contents), removed.installed(),
-                               written_for(folder))
 
 
 def reference(folder: Path, python: str = sys.executable) -> list[list[int]]:

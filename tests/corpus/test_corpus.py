@@ -9,6 +9,9 @@ transformers' tokens on the family's own release, which CI's floors stage comput
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,16 @@ from _corpus import FAMILIES, NEW_TOKENS, PROMPTS, build, golden
 
 import codeferry
 from codeferry import Request, SamplingParams
+from codeferry._code.removed import installed
+from codeferry._code.resolve import resolve
+from codeferry._exec.plan import release_line
+
+
+def _cli(*args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "codeferry", *args], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -36,5 +49,23 @@ def test_generates_as_on_its_own_release(family: tuple[str, Path]) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)
     with codeferry.Executor(folder, workers=1, trust_remote_code=True) as ex:
         results = ex.complete([Request(p) for p in PROMPTS], params)
+        ran_on = ex.worker_info[0]["transformers"]
     got = [list(r.completions[0].token_ids) for r in results]
     assert got == expected, name  # an end-of-sequence token ends both, and is in both
+    # the installed transformers, or the release environment the code needs (hybridcache on 5.x)
+    line = release_line(resolve(folder))
+    assert ran_on == installed() if line is None else ran_on.startswith(f"{line}."), ran_on
+
+
+def test_a_release_environment_is_made_once_and_named_by_inspect(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    folder = build("hybridcache", tmp_path_factory.mktemp("corpus"))
+    line = release_line(resolve(folder))
+    inspected = json.loads(_cli("inspect", str(folder), "--json"))
+    assert inspected["release"] == line
+    made = json.loads(_cli("release", str(folder), "--json"))
+    if line is None:  # the floors: the installed transformers still has HybridCache
+        assert made == {"model": str(folder), "installed": installed(), "line": None}
+    else:  # the set-up made it (CI's, or `codeferry release` by hand): nothing made again
+        assert made["line"] == line and made["made"] is False
+        assert made["transformers"].startswith(f"{line}.")

@@ -250,16 +250,16 @@ def to_json(found: list[tuple[str, Use]], version: str | None) -> list[dict[str,
              "gets": _gets(use.removed, version)} for path, use in found]
 
 
-def render(found: list[tuple[str, Use]], version: str | None) -> str:
+def render(found: list[tuple[str, Use]], version: str | None, line: str | None = None) -> str:
     """The ``transformers names`` section of ``inspect`` and ``doctor`` (nothing when the code
-    uses none): each removed name, what the code gets on the installed release, its uses."""
+    uses none): each removed name, what the code gets on the installed release, its uses;
+    ``line``: the release the executor's workers run the code on (``release_for``)."""
     if not found:
         return ""
     by_name: dict[Removed, list[str]] = {}
     for path, use in found:
         by_name.setdefault(use.removed, []).append(f"{path}:{use.line}")
     out = [f"transformers names later releases removed (installed: {version or 'none'})"]
-    line = release_for(found, version)
     if line is not None:
         out.append(f"  the executor's workers run this code on transformers {line} (a release "
                    "environment beside the installed packages: CODEFERRY_RELEASES)")

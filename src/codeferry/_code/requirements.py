@@ -247,8 +247,9 @@ def check_transformers_names(scans: Iterable[tuple[str, ModuleScan]]) -> list[Co
                        f"that has it; {removed.first_without} has not).")
             if removed is not None and by_release(removed):
                 needs = removed.last_with
-                fix = (f"run it through codeferry.Executor or `codeferry run`, whose workers "
-                       f"run it on transformers {needs} (a release environment); or {fix}")
+                fix = ("run it through codeferry.Executor or `codeferry run`: their workers "
+                       "run it on a transformers release that has it (`codeferry inspect` "
+                       f"names which); or {fix}")
             problems.append(MissingTransformersNameError(
                 f"imports {name!r} from {imp.module}, which {where} in the installed "
                 f"transformers {version}.",

@@ -32,6 +32,7 @@ from .._exec.layout import cpus, layout, reason
 from .._exec.options import WorkerOptions, sandbox_request
 from .._exec.plan import prepare
 from .._exec.workers.checks import check_main_guard
+from .._exec.workers.release import release_folder
 from .._exec.workers.transport import Event, LocalTransport, Transport
 from .._exec.workers.worker import WorkerSpec
 from .._load import load_pinned
@@ -90,6 +91,8 @@ class DoctorReport:
     #: What ``codeferry run`` and ``Executor`` start here when not told (``_exec.layout``):
     #: ``workers``, ``threads`` (each), ``cpus`` (this process may use), ``reason``.
     layout: dict[str, Any] = field(default_factory=dict)
+    #: The transformers release line the workers ran the code on (``None``: the installed).
+    release: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -99,18 +102,22 @@ class DoctorReport:
         return {"model": self.model, "digest": self.digest, "start_method": self.start_method,
                 "ok": self.ok, "workers": [w.to_json() for w in self.workers],
                 "removed_names": removed.to_json(self.removed, removed.installed()),
-                "layout": self.layout}
+                "layout": self.layout, "release": self.release}
 
 
 def doctor_checks(worker: Any, config_bytes: bytes) -> dict[str, Any]:
     """Runs in each worker, after it loaded and verified the code (strictly: every class).
 
     The config arrives as bytes unpickled here, inside the worker's error handling, so a
-    worker that cannot materialize it reports the typed error with its traceback.
+    worker that cannot materialize it reports the typed error with its traceback. No bytes:
+    the worker runs another transformers release than the doctor (``release``), whose objects
+    do not cross releases, and reads the config from the folder itself.
     """
     spec = worker.spec
-    config = pickle.loads(config_bytes)
+    config = pickle.loads(config_bytes) if config_bytes else None  # before the load: it travels
     classes = load_pinned(spec.code or spec.model, spec.digest, spec.options, strict=True)
+    if config is None:
+        config = classes["AutoConfig"].from_pretrained(spec.model)
     worker.classes = classes
     config_cls = classes.get("AutoConfig")
     checks: dict[str, Any] = {"config_class_is_loaded_class": type(config) is config_cls,
@@ -232,8 +239,9 @@ def doctor_with(model: str, options: ModelOptions, places: WorkerOptions,
     # configs only: a repo's code is fetched for the doctor, never its weights
     plan = prepare(model, options, device="cpu", demo=True, need="code")
     bundle, configs, decided = plan.bundle, plan.weights, plan.for_workers()
-    # strict: the doctor's verdict covers every class, so one that cannot load fails it.
-    classes = load_pinned(bundle.origin.root, bundle.digest, decided, strict=True)
+    # strict: the doctor's verdict covers every class, so one that cannot load fails it (but
+    # code that needs another transformers release is for its workers, on it, to load).
+    classes = load_pinned(bundle.origin.root, bundle.digest, decided, strict=not plan.release)
     # The config of ``revision``, built by the class of the code loaded (code_revision's).
     config_class: Any = AutoConfig if options.own_code else classes.get("AutoConfig",
                                                                         AutoConfig)
@@ -246,8 +254,9 @@ def doctor_with(model: str, options: ModelOptions, places: WorkerOptions,
     else:
         transport = LocalTransport(start_method)
     spec = WorkerSpec(str(configs.root), decided, "cpu", None, 1, (), bundle.digest,
-                      EngineChoice(sandbox=boxed), serve=False, code=plan.code_folder)
-    request = transport.pack(Rpc(doctor_checks, (transport.pack(config),)))
+                      EngineChoice(sandbox=boxed, release=release_folder(plan.release, backend)),
+                      serve=False, code=plan.code_folder)
+    request = transport.pack(Rpc(doctor_checks, (b"" if plan.release else transport.pack(config),)))
     events: queue.SimpleQueue[Event] = queue.SimpleQueue()
     channels = [transport.start(index, spec, events.put) for index in range(workers)]
     reports = {index: WorkerReport(index) for index in range(workers)}
@@ -292,7 +301,7 @@ def doctor_with(model: str, options: ModelOptions, places: WorkerOptions,
         transport.close()
     how = "ray" if backend == "ray" else start_method
     return DoctorReport(bundle.origin.name, bundle.digest, how, list(reports.values()),
-                        removed.uses_in(bundle.contents), _default_layout(backend))
+                        removed.uses_in(bundle.contents), _default_layout(backend), plan.release)
 
 
 def _default_layout(backend: str) -> dict[str, Any]:
@@ -338,7 +347,7 @@ def render_doctor(report: DoctorReport) -> str:
             lines.append(f"  worker {w.worker}  FAILED {kind}: {err}")
             if isinstance(err, CodeferryError) is False and err is not None and err.__cause__:
                 lines.append("    " + str(err.__cause__).strip().splitlines()[-1])
-    lines.append(removed.render(report.removed, removed.installed()).rstrip("\n"))
+    lines.append(removed.render(report.removed, removed.installed(), report.release).rstrip("\n"))
     lines.append("ok" if report.ok else "FAILED")
     return "\n".join(line for line in lines if line) + "\n"
 

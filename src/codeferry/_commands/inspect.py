@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from .._code import removed
+from .._exec.plan import release_line
 from .command import Commands, UsageError, add_command, bundle, show
 from .flags import add_common_flags
 from .render import inspected, render_dot, write_graph
@@ -27,12 +28,13 @@ def inspect_command(args: argparse.Namespace) -> int:
     from .._code.audit.report import audit_bundle, render_box
 
     data, text = inspected(code)
-    found, version = removed.uses_in(code.contents), removed.installed()
+    found, version, line = removed.uses_in(code.contents), removed.installed(), release_line(code)
     data["removed_names"] = removed.to_json(found, version)  # names later releases removed
+    data["release"] = line  # the transformers the executor's workers run the code on
     audited = audit_bundle(code)  # what the box would refuse, read statically too
     data["sandbox"] = [f.to_json() for f in audited.refused]
-    show(args, data, text + removed.render(found, version) + render_box(audited))
-    return 1 if code.blocking else 0
+    show(args, data, text + removed.render(found, version, line) + render_box(audited))
+    return 1 if (code.on_release() if line else code).blocking else 0
 
 
 def register(sub: Commands) -> None:

@@ -195,12 +195,12 @@ class Executor:
         self.warm = worker.warm
         self.backend = worker.backend
         choice = EngineChoice(self.engine, worker.generate_path,
-                              tuple((worker.engine_options or {}).items()), request)
+                              tuple((worker.engine_options or {}).items()), request, release)
         specs = [
             WorkerSpec(self.model, plan.for_workers(),
                        device if worker.backend == "ray" else device_for(device, slot),
                        plan.dtype, threads, plan.tasks, self.digest, choice,
-                       code=plan.code_folder, sharing=count, release=release)
+                       code=plan.code_folder, sharing=count)
             for slot in range(count)
         ]
         transport: Transport

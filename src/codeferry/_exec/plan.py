@@ -24,7 +24,7 @@ from .._trust.options import ModelOptions
 from .files import check_model_files, written_for
 from .workers.checks import check_device, dtype_name
 
-__all__ = ["Plan", "needed_classes", "prepare"]
+__all__ = ["Plan", "needed_classes", "prepare", "release_line"]
 
 
 def needed_classes(tasks: Sequence[str]) -> set[str]:
@@ -72,6 +72,14 @@ class Plan:
         return self.options.for_workers(self.decision)
 
 
+def release_line(bundle: Bundle) -> str | None:
+    """The transformers release line the workers run ``bundle``'s code on, or ``None``: the
+    installed one serves it (``_code.removed.release_for``, told the release config.json
+    names)."""
+    return removed.release_for(removed.uses_in(bundle.contents), removed.installed(),
+                               written_for(bundle.origin.root))
+
+
 def prepare(
     model: str | os.PathLike[str],
     options: ModelOptions,
@@ -102,8 +110,7 @@ def prepare(
         raise code_changed(bundle, digest)
     # Names the installed transformers lacks and no shim serves: the workers get the release
     # that has them, and what they would block here blocks nothing.
-    release = removed.release_for(removed.uses_in(bundle.contents), removed.installed(),
-                                  written_for(bundle.origin.root))
+    release = release_line(bundle)
     if release is not None:
         bundle = bundle.on_release()
     weights = options.locate_model(model, bundle, need=need)

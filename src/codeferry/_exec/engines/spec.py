@@ -15,7 +15,7 @@ __all__ = ["EngineChoice", "WorkerSpec"]
 
 @dataclass(frozen=True)
 class EngineChoice:
-    """Which engine a worker builds, how it generates, and in which box."""
+    """Which engine a worker builds, how it generates, in which box, on which transformers."""
 
     #: ``transformers``, ``vllm`` or ``auto`` (vLLM, else transformers with the reason):
     #: see ``workers.worker.build_engine`` (the parent resolved ``auto`` when vLLM is not
@@ -28,6 +28,9 @@ class EngineChoice:
     #: The box the worker enters before it builds the engine and imports the model's code
     #: (``None``: no box; ``workers.worker.worker_main``).
     sandbox: Request | None = None
+    #: The folder of the transformers release the code needs (``workers.release``), first on
+    #: the worker's path; ``None``: the installed transformers.
+    release: str | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,3 @@ class WorkerSpec:
     #: How many of the executor's workers may build their models on one machine at once:
     #: they share its free memory (``packing.pack_linears``' float32 copies).
     sharing: int = 1
-    #: The folder of the transformers release the code needs (``workers.release``), first on
-    #: the worker's path; ``None``: the installed transformers.
-    release: str | None = None

@@ -109,10 +109,10 @@ class LocalTransport:
         self._lifeline, self._lifeline_end = self._ctx.Pipe(duplex=False)
 
     def start(self, slot: int, spec: WorkerSpec, post: Post) -> Channel:
-        if self.warm or spec.release:  # a release's workers: forks of its own zygote
+        if self.warm or spec.engine.release:  # a release's workers: forks of its own zygote
             from .zygote import shared_zygote
 
-            forked, conn = shared_zygote(spec.release).fork(spec, slot)
+            forked, conn = shared_zygote(spec.engine.release).fork(spec, slot)
             return _LocalChannel(slot, forked, conn, post)
         parent_end, child_end = self._ctx.Pipe()
         inherited = self._lifeline_end if self._ctx.get_start_method() == "fork" else None

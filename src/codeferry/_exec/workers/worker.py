@@ -228,7 +228,8 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
     # The engine's running batch, where it has one: batches join it as they arrive, and
     # "streams" lets the scheduler keep more of them in this worker's pipe (STREAM_DEPTH).
     stream = engine.stream()
-    conn.send(("ready", os.getpid(), {**engine.info(), "streams": stream is not None}))
+    conn.send(("ready", os.getpid(), {**engine.info(), "streams": stream is not None,
+                                      "transformers": sys.modules["transformers"].__version__}))
     taken: dict[int, Complete] = {}  # the work in the stream, by request id
 
     def step() -> None:
