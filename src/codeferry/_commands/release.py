@@ -15,11 +15,9 @@ __all__ = ["register", "release_command"]
 
 
 def release_command(args: argparse.Namespace) -> int:
-    """Make the transformers release MODEL's code needs, where the installed one lacks names it uses.
+    """Make the older transformers release MODEL's code needs, ahead of an offline run.
 
-    The executor's workers run such code on that release, made at the first run that needs
-    it (network: the package index). Made here ahead of time, a machine can run offline.
-    Reads the code statically; executes nothing.
+    Static: executes nothing.
     """
     code = bundle(args)
     version = removed.installed()
