@@ -99,9 +99,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     sys.path.insert(0, str(CORPUS))
-    from _corpus import build
-
     import transformers
+    from _corpus import build
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     with tempfile.TemporaryDirectory() as root:
