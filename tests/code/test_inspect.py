@@ -796,7 +796,8 @@ def test_cli_json(
     sub = [c for c in data["classes"] if c["source"] == "config.json:llm_config"]
     assert [c["key"] for c in sub] == ["AutoConfig"]
     assert json.loads(json.dumps({**inspected("largest").to_json(), "doors": [],
-                                  "removed_names": [], "sandbox": []})) == data
+                                  "removed_names": [], "release": None,
+                                  "sandbox": []})) == data
 
 
 def test_cli_json_lists_problems_and_exits_1(

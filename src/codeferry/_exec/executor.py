@@ -159,16 +159,16 @@ class Executor:
               worker: WorkerOptions, preload: tuple[str, ...], digest: str | None,
               max_model_len: int | None) -> None:
         """Decide on the model (or take the ``Plan``), lay the workers out, start them."""
-        if worker.backend == "local":
-            # Mistakes a worker would only report as an exit code: refused here, typed.
+        if worker.backend == "local":  # what a worker would report as an exit code only
             check_main_guard("spawn" if worker.warm else worker.start_method)  # the zygote is spawned
-        #: The engine the workers get, and why (``choose_engine``); either engine is laid out
-        #: alike (``layout``: workers of one thread each hold up beside other work).
+        choose_engine(worker.engine, worker.backend,  # its refusals before any download
+                      model.tasks if isinstance(model, Plan) else preload)
         plan = model if isinstance(model, Plan) else prepare(
             model, options, tasks=preload, device=worker.device, dtype=worker.dtype,
             digest=digest, local_device=worker.backend == "local")
-        self.engine, self.engine_reason = choose_engine(worker.engine, worker.backend, plan.tasks,
-                                                        plan.release)
+        #: The engine the workers get, and why; either is laid out alike (``layout``).
+        self.engine, self.engine_reason = choose_engine(worker.engine, worker.backend,
+                                                        plan.tasks, plan.release)
         request = sandbox_request(worker, self.engine)  # before any model code runs
         bundle, decision, device = plan.bundle, plan.decision, plan.device
         release = release_folder(plan.release, worker.backend)  # made here, once
