@@ -69,3 +69,25 @@ def test_a_release_environment_is_made_once_and_named_by_inspect(
     else:  # the set-up made it (CI's, or `codeferry release` by hand): nothing made again
         assert made["line"] == line and made["made"] is False
         assert made["transformers"].startswith(f"{line}.")
+
+
+def test_run_and_doctor_from_the_command_line(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """``codeferry run`` writes the golden tokens' texts and ``doctor`` passes, for the family
+    a release serves on transformers 5 (and the installed transformers serves on the floors)."""
+    from transformers import AutoTokenizer
+
+    folder = build("hybridcache", tmp_path_factory.mktemp("corpus"))
+    inputs, output = folder / "in.jsonl", folder / "out.jsonl"
+    inputs.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n"
+                              for i, p in enumerate(PROMPTS)))
+    _cli("run", str(folder), "--trust-remote-code", "--input", str(inputs), "-o", str(output),
+         "--max-new-tokens", str(NEW_TOKENS), "--temperature", "0", "--no-progress")
+    codeferry.load(folder, trust_remote_code=True, classes=["AutoConfig", "AutoTokenizer"])
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    texts = [json.loads(line)["output"] for line in output.read_text().splitlines()]
+    assert texts == [tokenizer.decode(row, skip_special_tokens=True)
+                     for row in golden()["hybridcache"]]
+    doctor = _cli("doctor", str(folder), "--trust-remote-code", "--workers", "1")
+    assert doctor.rstrip().endswith("ok")
+    line = release_line(resolve(folder))
+    assert (f"run this code on transformers {line}" in doctor) == (line is not None)
