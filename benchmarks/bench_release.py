@@ -13,8 +13,7 @@ for the corpus's ``hybridcache`` family (Gemma 2-derived code importing ``Hybrid
 workers are forks of a zygote with the release on its path) against ``legacycache`` (shimmed,
 the installed transformers: spawned workers, as by default), each sample a fresh process,
 the two alternated (A B A B), ``--rounds`` rounds, medians and ranges. It also times the
-release decision every ``prepare`` now makes (the static scan of a model's files), on the
-demo model, which needs no release.
+release decision every ``prepare`` makes, on the demo model, which needs no release.
 
 Run: ``HF_HUB_OFFLINE=1 python benchmarks/bench_release.py [--rounds 3]`` (the release made
 first where the installed transformers needs one: it is made by the "make" rows).
@@ -127,7 +126,7 @@ def main() -> None:
         on = rows[0]["on"]
         print(_row(f"{name} (workers on {on}): first start", [float(r["first"]) for r in rows]))
         print(_row(f"{name} (workers on {on}): later start", [float(r["later"]) for r in rows]))
-    print(f"\nthe release decision in prepare(), the demo model: {_decision_ms():.2f} ms")
+    print(f"\nthe release decision in prepare(), the demo model: {_decision_ms():.4f} ms")
 
 
 if __name__ == "__main__":

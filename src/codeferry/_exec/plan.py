@@ -21,6 +21,7 @@ from .._code.resolve import Bundle
 from .._code.source import ModelOrigin
 from .._trust.decide import Decision, code_changed
 from .._trust.options import ModelOptions
+from ..errors import MissingTransformersNameError
 from .files import check_model_files, written_for
 from .workers.checks import check_device, dtype_name
 
@@ -75,7 +76,10 @@ class Plan:
 def release_line(bundle: Bundle) -> str | None:
     """The transformers release line the workers run ``bundle``'s code on, or ``None``: the
     installed one serves it (``_code.removed.release_for``, told the release config.json
-    names)."""
+    names). Resolving already found the imports a release would serve: without one of them
+    the code is not read again (every model's start pays nothing for this)."""
+    if not any(isinstance(p, MissingTransformersNameError) and p.needs for p in bundle.problems):
+        return None
     return removed.release_for(removed.uses_in(bundle.contents), removed.installed(),
                                written_for(bundle.origin.root))
 
