@@ -66,6 +66,26 @@ def test_scan_reads_the_patterns_with_their_lines() -> None:
         "PretrainedConfig.max_length"]
 
 
+def test_post_init_is_looked_for_where_a_concrete_model_runs_its_init() -> None:
+    """A base class whose ``__init__`` only calls ``super().__init__`` (Phi's remote code)
+    is no model that skips ``post_init`` when each model built on it calls it; a model that
+    inherits such an ``__init__`` without its own, or defines one without it, is."""
+    names = [u.removed.name for u in scan(
+        (CORPUS / "mixformer" / "modeling_phi.py").read_text())]
+    assert "PreTrainedModel.all_tied_weights_keys (no post_init)" not in names
+    base = ("class Base(PreTrainedModel):\n"
+            "    def __init__(self, config):\n"
+            "        super().__init__(config)\n")
+    calls = "    def __init__(self, config):\n        super().__init__(config)\n        self.post_init()\n"
+    built = base + "class Model(Base):\n" + calls
+    assert not scan(built)
+    inherits = built + "class Head(Base):\n    x = 1\n"
+    assert [u.line for u in scan(inherits)] == [2]  # Head runs Base's __init__
+    skips = "class Model(PreTrainedModel):\n    def __init__(self, config):\n        pass\n"
+    assert [u.line for u in scan(skips)] == [2]
+    assert [u.line for u in scan(base)] == [2]  # a model class nothing derives from
+
+
 def test_the_table_is_true_of_the_installed_release() -> None:
     """Every import the table says the installed release lacks is really missing from it."""
     import importlib

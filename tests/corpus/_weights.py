@@ -15,7 +15,7 @@ def save_seeded(model: torch.nn.Module, folder: str) -> None:
     for name, tensor in model.state_dict().items():
         generator = torch.Generator().manual_seed(zlib.crc32(name.encode()))
         noise = torch.randn(tensor.shape, generator=generator) * 0.3
-        state[name] = (noise + (1.0 if name.endswith("norm.weight") else 0.0)).contiguous()
+        state[name] = (noise + (1.0 if name.endswith(("norm.weight", ".ln.weight")) else 0.0)).contiguous()
     save_file(state, f"{folder}/model.safetensors", metadata={"format": "pt"})
 
 

@@ -127,17 +127,44 @@ def _calls_post_init(function: ast.FunctionDef) -> bool:
                for n in ast.walk(function))
 
 
-def _model_classes(tree: ast.Module) -> list[ast.ClassDef]:
-    """Classes that derive, by name, from a ``PreTrainedModel`` (directly or in this module)."""
+def _base_names(node: ast.ClassDef) -> set[str]:
+    return {b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else ""
+            for b in node.bases}
+
+
+def _init_of(cls: ast.ClassDef) -> ast.FunctionDef | None:
+    return next((item for item in cls.body
+                 if isinstance(item, ast.FunctionDef) and item.name == "__init__"), None)
+
+
+def _inits_without_post_init(tree: ast.Module) -> list[ast.FunctionDef]:
+    """The ``__init__`` of a model class (one deriving, by name, from ``PreTrainedModel``,
+    directly or in this module) that never calls ``post_init``, where a concrete model runs
+    it: a class no other model class here derives from, itself or through classes that
+    define no ``__init__``. A base such as ``PhiPreTrainedModel`` whose ``__init__`` only
+    calls ``super().__init__`` is not one, when each model built on it calls ``post_init``."""
     found: dict[str, ast.ClassDef] = {}
+    parents: dict[str, list[str]] = {}  # the in-module model classes each one derives from
     for node in tree.body:
         if not isinstance(node, ast.ClassDef):
             continue
-        bases = {b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute)
-                 else "" for b in node.bases}
+        bases = _base_names(node)
         if "PreTrainedModel" in bases or bases & set(found):
             found[node.name] = node
-    return list(found.values())
+            parents[node.name] = [b.id for b in node.bases
+                                  if isinstance(b, ast.Name) and b.id in found]
+    bases_in_use = {base for names in parents.values() for base in names}
+    flagged: dict[int, ast.FunctionDef] = {}
+    for name in found:
+        if name in bases_in_use:
+            continue  # not a concrete model: its subclasses are
+        at: str | None = name
+        while at is not None and _init_of(found[at]) is None:
+            at = next(iter(parents[at]), None)  # the __init__ this model runs (its MRO's)
+        init = _init_of(found[at]) if at is not None else None
+        if init is not None and not _calls_post_init(init):
+            flagged[init.lineno] = init
+    return list(flagged.values())
 
 
 def scan(source: str | bytes) -> list[Use]:
@@ -159,11 +186,7 @@ def scan(source: str | bytes) -> list[Use]:
                 continue
             if isinstance(node.ctx, ast.Load):
                 uses.append(Use(node.lineno, entry))
-    for cls in _model_classes(tree):
-        for item in cls.body:
-            if (isinstance(item, ast.FunctionDef) and item.name == "__init__"
-                    and not _calls_post_init(item)):
-                uses.append(Use(item.lineno, TIED_KEYS))
+    uses.extend(Use(init.lineno, TIED_KEYS) for init in _inits_without_post_init(tree))
     uses.sort(key=lambda u: (u.line, u.removed.name))
     return list(dict.fromkeys(uses))
 
