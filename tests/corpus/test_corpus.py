@@ -91,3 +91,26 @@ def test_run_and_doctor_from_the_command_line(tmp_path_factory: pytest.TempPathF
     assert doctor.rstrip().endswith("ok")
     line = release_line(resolve(folder))
     assert (f"run this code on transformers {line}" in doctor) == (line is not None)
+
+
+def test_a_hub_repo_whose_code_needs_a_release_generates_offline(
+        tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same family as a repo id in a hub cache (huggingface_hub's layout: blobs and
+    snapshot symlinks), offline: the workers, on the release where one is needed (whose own
+    huggingface_hub reads the cache), generate the golden tokens."""
+    from codeferry.testing._factory import _write_hub_repo
+
+    folder = build("hybridcache", tmp_path_factory.mktemp("corpus"))
+    cache = tmp_path_factory.mktemp("hub")
+    files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*")
+             if p.is_file() and "__pycache__" not in p.parts}
+    _write_hub_repo(cache, "corpus/hybridcache", files, None)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)
+    with codeferry.Executor("corpus/hybridcache", workers=1, trust_remote_code=True) as ex:
+        results = ex.complete([Request(p) for p in PROMPTS], params)
+        ran_on = ex.worker_info[0]["transformers"]
+    assert [list(r.completions[0].token_ids) for r in results] == golden()["hybridcache"]
+    line = release_line(resolve(folder))
+    assert ran_on == installed() if line is None else ran_on.startswith(f"{line}."), ran_on
