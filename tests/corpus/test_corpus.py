@@ -63,6 +63,11 @@ def test_a_release_environment_is_made_once_and_named_by_inspect(
     line = release_line(resolve(folder))
     inspected = json.loads(_cli("inspect", str(folder), "--json"))
     assert inspected["release"] == line
+    locked = subprocess.run([sys.executable, "-m", "codeferry", "lock", str(folder)],
+                            capture_output=True, text=True, timeout=120, check=True)
+    said = f"the executor's workers run this code on transformers {line}"
+    assert (said in locked.stderr) == (line is not None), locked.stderr
+    assert "cannot load" not in locked.stderr, locked.stderr  # nothing the release serves
     made = json.loads(_cli("release", str(folder), "--json"))
     if line is None:  # the floors: the installed transformers still has HybridCache
         assert made == {"model": str(folder), "installed": installed(), "line": None}

@@ -20,14 +20,19 @@ def lock_command(args: argparse.Namespace) -> int:
     Static: executes nothing. See the README for the format.
     """
     from .._code.lockfile import Lock
+    from .._exec.plan import release_line
     from .vouch import follow_branch, show_check, signed
 
     if args.verify_hub:
         follow_branch(args, args.model or demo())
     code = bundle(args)
     code.check_classes()  # refused only when no class can load
+    line = release_line(code)
+    if line is not None:  # names a release serves: the executor's workers run it there
+        print(f"codeferry: note: the executor's workers run this code on transformers {line} "
+              "(`codeferry inspect` says why); load() in your process cannot", file=sys.stderr)
     for ref in code.classes:
-        for problem in code.problems_for(ref)[:1]:
+        for problem in (code.on_release() if line else code).problems_for(ref)[:1]:
             print(f"codeferry: note: {ref.key} cannot load: {problem}", file=sys.stderr)
     lock = signed(args, Lock.from_bundle(code), code, sys.stderr, locking=True)
     if args.verify_hub:  # before anything is written
