@@ -110,3 +110,29 @@ def test_an_actor_that_failed_to_start_is_killed_before_its_failed_and_frees_its
         assert order == ["kill", "failed"]  # and no Ray call after the post
     finally:
         channel.stop(5.0)
+
+
+def test_code_that_needs_a_release_runs_on_it_in_ray_actors(ray_cluster: Any, tmp_path: Path) -> None:
+    """The corpus's ``hybridcache`` (code importing a name transformers 5 removed): each actor
+    puts its node's release first on its path before it imports transformers, and generates
+    the golden tokens; the driver's process stays on the installed transformers."""
+    from codeferry import Request, SamplingParams
+    from codeferry._code.removed import installed
+    from codeferry._code.resolve import resolve
+    from codeferry._exec.plan import release_line
+
+    sys.path.insert(0, os.path.join(TESTS, "corpus"))
+    try:
+        from _corpus import NEW_TOKENS, PROMPTS, build, golden
+
+        folder = build("hybridcache", tmp_path)
+    finally:
+        sys.path.remove(os.path.join(TESTS, "corpus"))
+    line = release_line(resolve(folder))
+    with codeferry.Executor(folder, workers=1, backend="ray", trust_remote_code=True,
+                            ray_resources={"num_cpus": 1}) as ex:
+        results = ex.complete([Request(p) for p in PROMPTS],
+                              SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS))
+        ran_on = ex.worker_info[0]["transformers"]
+    assert [list(r.completions[0].token_ids) for r in results] == golden()["hybridcache"]
+    assert ran_on == installed() if line is None else ran_on.startswith(f"{line}."), ran_on

@@ -32,7 +32,7 @@ from .._exec.layout import cpus, layout, reason
 from .._exec.options import WorkerOptions, sandbox_request
 from .._exec.plan import prepare
 from .._exec.workers.checks import check_main_guard
-from .._exec.workers.release import release_folder
+from .._exec.workers.release import for_workers
 from .._exec.workers.transport import Event, LocalTransport, Transport
 from .._exec.workers.worker import WorkerSpec
 from .._load import load_pinned
@@ -254,7 +254,7 @@ def doctor_with(model: str, options: ModelOptions, places: WorkerOptions,
     else:
         transport = LocalTransport(start_method)
     spec = WorkerSpec(str(configs.root), decided, "cpu", None, 1, (), bundle.digest,
-                      EngineChoice(sandbox=boxed, release=release_folder(plan.release, backend)),
+                      EngineChoice(sandbox=boxed, release=for_workers(plan.release, backend)),
                       serve=False, code=plan.code_folder)
     request = transport.pack(Rpc(doctor_checks, (b"" if plan.release else transport.pack(config),)))
     events: queue.SimpleQueue[Event] = queue.SimpleQueue()

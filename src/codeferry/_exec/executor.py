@@ -41,7 +41,7 @@ from .options import Backend, EngineName, GeneratePath, StartMethod, WorkerOptio
 from .plan import Plan, prepare
 from .scheduler import STREAM_DEPTH, Batch, Call, Outcome, Scheduler
 from .workers.checks import check_main_guard
-from .workers.release import release_folder
+from .workers.release import for_workers
 from .workers.transport import LocalTransport, Transport
 from .workers.worker import WorkerSpec
 
@@ -171,7 +171,7 @@ class Executor:
                                                         plan.tasks, plan.release)
         request = sandbox_request(worker, self.engine)  # before any model code runs
         bundle, decision, device = plan.bundle, plan.decision, plan.device
-        release = release_folder(plan.release, worker.backend)  # made here, once
+        release = for_workers(plan.release, worker.backend)  # local: made here, once
         count, threads = layout(device, worker.backend, worker.workers, worker.threads_per_worker,
                                 cpus=cpus(), devices=devices(device, worker.backend),
                                 ray_cpus=(worker.ray_resources or {}).get("num_cpus", 1))

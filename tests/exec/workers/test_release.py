@@ -96,9 +96,19 @@ def test_a_release_that_cannot_be_made_says_what_to_run_and_leaves_nothing(
     assert [p.name for p in tmp_path.iterdir()] == [f".{release.folder('4.53').name}.lock"]
 
 
-def test_the_ray_backend_is_told_it_gets_no_release() -> None:
-    from codeferry._exec.workers.release import release_folder
+def test_ray_actors_make_their_nodes_own_release(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver makes no release for Ray actors (nodes do not share its disk): each actor
+    makes or finds its node's own at its start; one that already imported another
+    transformers is refused, named, before anything is made."""
+    import transformers  # noqa: F401 - as a process that imported its own first
 
-    assert release_folder(None, "ray") is None
-    with pytest.raises(ReleaseUnavailableError, match="local workers only"):
-        release_folder("4.53", "ray")
+    from codeferry._exec.workers.release import enter, for_workers
+
+    monkeypatch.setenv("CODEFERRY_RELEASES", str(tmp_path))
+    assert for_workers(None, "ray") is None
+    assert for_workers("4.53", "ray") == "4.53"
+    assert list(tmp_path.iterdir()) == []  # nothing made here
+    with pytest.raises(ReleaseUnavailableError, match=r"imported transformers \S+ before"):
+        enter("4.0")
+    assert list(tmp_path.iterdir()) == []

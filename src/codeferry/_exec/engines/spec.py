@@ -28,8 +28,9 @@ class EngineChoice:
     #: The box the worker enters before it builds the engine and imports the model's code
     #: (``None``: no box; ``workers.worker.worker_main``).
     sandbox: Request | None = None
-    #: The folder of the transformers release the code needs (``workers.release``), first on
-    #: the worker's path; ``None``: the installed transformers.
+    #: The transformers release line the code needs (``"4.53"``): its environment
+    #: (``workers.release``, made on each machine) comes first on the worker's path;
+    #: ``None``: the installed transformers.
     release: str | None = None
 
 

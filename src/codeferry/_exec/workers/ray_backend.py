@@ -30,6 +30,7 @@ import os
 import queue
 import shutil
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -203,13 +204,17 @@ class RayWorker:
         self.engine: Any = None
 
     def start(self, spec: WorkerSpec, ferry: Ferry) -> tuple[Any, ...]:
-        from .checks import check_device
-        from .worker import build_engine
-
         ray = ray_module()
         node = {"node_id": ray.get_runtime_context().get_node_id(),
                 "node_ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
         try:
+            if spec.engine.release:  # this node's own, before anything imports transformers
+                from .release import enter
+
+                enter(spec.engine.release)
+            from .checks import check_device
+            from .worker import build_engine
+
             check_device(spec.device)
             folder, stats = materialize(ferry)
             cross = folder / CROSS_REPO_CACHE
@@ -219,7 +224,8 @@ class RayWorker:
                                                code=str(code) if code.is_dir() else None))
         except BaseException as exc:  # noqa: BLE001 - the handshake carries it to the driver
             return ("failed", os.getpid(), error_payload(exc), node)
-        info = {**self.engine.info(), **node, "ferry": stats, "folder": str(folder)}
+        info = {**self.engine.info(), **node, "ferry": stats, "folder": str(folder),
+                "transformers": sys.modules["transformers"].__version__}
         return ("ready", os.getpid(), info)
 
     def handle(self, payload: bytes) -> tuple[str, Any]:

@@ -6,7 +6,9 @@ only on a release that still has it. The parent process stays on the installed t
 it reads the code statically, and ``_code.removed.release_for`` names the release line. The
 workers are other processes, so they can import another transformers: a zygote started with
 the release's folder first on its path forks them (``zygote``), and each worker then loads
-and verifies the code as any worker does.
+and verifies the code as any worker does. A Ray actor is a fresh process on a node that does
+not share this disk: it makes or finds its node's own release and puts it first on its path
+before it imports transformers (``enter``).
 
 A release is made once per line and Python: ``pip install --target`` (``uv`` where it is
 installed) of the newest ``transformers==<line>.*`` with the dependencies that release asks
@@ -23,7 +25,9 @@ the release's processes, as if they were not installed, which is what that relea
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -36,7 +40,7 @@ from typing import Any
 from ... import _settings
 from ...errors import ReleaseUnavailableError
 
-__all__ = ["ensure", "folder", "hide_conflicts", "made", "release_folder"]
+__all__ = ["ensure", "enter", "folder", "for_workers", "hide_conflicts", "made"]
 
 _LINE = re.compile(r"\d+\.\d+")
 _MARKER = "codeferry-release.json"
@@ -121,18 +125,37 @@ def ensure(line: str, *, say: bool = True) -> Path:
     return where
 
 
-def release_folder(line: str | None, backend: str) -> str | None:
-    """The folder of the release ``line`` for an executor's workers (made now if it is not),
-    or ``None`` for ``None``: the installed transformers."""
-    if line is None:
-        return None
-    if backend != "local":
-        raise ReleaseUnavailableError(
-            f"this model's code needs transformers {line}; a release environment serves "
-            "local workers only, and the Ray backend's actors import the cluster's own.",
-            fix=f"run it with backend='local', or install transformers <= {line} on every "
-                "node of the cluster.")
-    return str(ensure(line))
+def for_workers(line: str | None, backend: str) -> str | None:
+    """The release line an executor's workers run the code on (``None``: the installed
+    transformers). Local workers' release is made here, now, once; a Ray actor makes or
+    finds its node's own when it starts (``enter``): nodes do not share this disk."""
+    if line is not None and backend == "local":
+        ensure(line)
+    return line
+
+
+def enter(line: str) -> str:
+    """Put the release ``line`` (made on this machine if it is not) first on this process's
+    path, its conflicting packages hidden, before anything imports transformers: a Ray
+    actor's start. A process that already imported another transformers cannot change it
+    (``ReleaseUnavailableError``). Returns the folder."""
+    imported = sys.modules.get("transformers")
+    if imported is not None:
+        version = str(getattr(imported, "__version__", "?"))
+        if not version.startswith(f"{line}."):
+            raise ReleaseUnavailableError(
+                f"this model's code needs transformers {line}, and this process (pid "
+                f"{os.getpid()}) imported transformers {version} before its worker started.",
+                fix="start the worker in a fresh process: with Ray, an actor of its own "
+                    "(nothing in the actor's process may import transformers first).")
+    where = str(ensure(line))
+    if imported is not None:
+        return where
+    if where not in sys.path:
+        sys.path.insert(0, where)
+    hide_conflicts(where)
+    importlib.invalidate_caches()
+    return where
 
 
 def _top_names(dist: Any) -> set[str]:

@@ -110,9 +110,11 @@ class LocalTransport:
 
     def start(self, slot: int, spec: WorkerSpec, post: Post) -> Channel:
         if self.warm or spec.engine.release:  # a release's workers: forks of its own zygote
+            from .release import folder
             from .zygote import shared_zygote
 
-            forked, conn = shared_zygote(spec.engine.release).fork(spec, slot)
+            release = spec.engine.release
+            forked, conn = shared_zygote(release and str(folder(release))).fork(spec, slot)
             return _LocalChannel(slot, forked, conn, post)
         parent_end, child_end = self._ctx.Pipe()
         inherited = self._lifeline_end if self._ctx.get_start_method() == "fork" else None
