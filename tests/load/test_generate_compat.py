@@ -130,3 +130,53 @@ def test_a_class_that_did_not_load_is_a_typed_error_naming_it(tmp_path: Path) ->
     assert info.value.__cause__ is classes.failed[failed] and info.value.key == failed
     with pytest.raises(KeyError, match="names no AutoModelForSeq2SeqLM"):
         classes["AutoModelForSeq2SeqLM"]
+
+
+@pytest.fixture(scope="module")
+def embeds_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The ``embeds_generate`` variant with its wrapper's own seeded weights saved."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    root = write_real_world_model(tmp_path_factory.mktemp("embeds") / "m", "embeds_generate",
+                                  name="vlm")
+    codeferry.load(root, trust_remote_code=True)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(root)).save_pretrained(root)
+    return root
+
+
+def test_a_generate_that_returns_the_new_tokens_only_gives_them_all(embeds_dir: Path) -> None:
+    """A vision-language wrapper's ``generate`` (InternVL 2's, Florence-2's) embeds the ids
+    and returns only the new tokens: the executor takes every one of them, and its logits
+    processors (minimum length, penalties) count from the first new token, not from the
+    prompt's width."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from codeferry import Request, SamplingParams
+
+    prompts, new = ["hello", "abc def ghi"], 6
+    with codeferry.Executor(embeds_dir, workers=1, trust_remote_code=True) as ex:
+        greedy = ex.complete([Request(p) for p in prompts],
+                             SamplingParams(temperature=0.0, max_tokens=new))
+        at_least = ex.complete([Request(p) for p in prompts],
+                               SamplingParams(temperature=0.0, max_tokens=new, min_tokens=new))
+        penalized = ex.complete([Request(prompts[0])], SamplingParams(
+            temperature=0.0, max_tokens=new, presence_penalty=2.0))
+    codeferry.load(embeds_dir, trust_remote_code=True)
+    model = AutoModelForCausalLM.from_pretrained(embeds_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(embeds_dir)
+    # the tokenizer's end of sequence, which the executor stops at and which the language
+    # model's generate, built without one, does not
+    eos = tokenizer.eos_token_id
+    for prompt, result in zip(prompts, greedy, strict=True):
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+        own = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                             max_new_tokens=new, do_sample=False, pad_token_id=0)[0].tolist()
+        assert len(own) == new  # the new tokens only: the prompt is not in them
+        expected = own[:own.index(eos) + 1] if eos in own else own  # an end ends the row
+        assert list(result.completions[0].token_ids) == expected, prompt
+    assert [len(r.completions[0].token_ids) for r in at_least] == [new, new]
+    first = list(greedy[0].completions[0].token_ids)
+    assert len(set(first)) < len(first)  # greedy repeats itself here...
+    again = list(penalized[0].completions[0].token_ids)
+    assert len(again) == new and again[:2] == first[:2] and again != first  # ...penalized not

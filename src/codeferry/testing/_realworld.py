@@ -33,6 +33,11 @@ Each variant is a factory model (``write_model``) with one change that real fold
     ``auto_map`` names no ``AutoModelForCausalLM``: ``AutoModel`` and
     ``AutoModelForSeq2SeqLM`` both map the causal LM, as ChatGLM-6B's does (users call
     ``AutoModel.from_pretrained(...).generate``).
+``embeds_generate``
+    ``AutoModelForCausalLM`` maps a chat wrapper around a language model, as vision-language
+    models' do (InternVL 2, Florence-2): its ``forward`` needs an image, and its ``generate``
+    embeds the ids and calls the language model's ``generate`` with ``inputs_embeds``, which
+    returns the new tokens only, without the prompt.
 
 The packages named are real ones that codeferry's test environments do not install;
 tests check that they are really absent.
@@ -59,6 +64,7 @@ REAL_WORLD_KINDS: tuple[str, ...] = (
     "no_generation_hooks",
     "super_from_pretrained",
     "automodel_only",
+    "embeds_generate",
 )
 
 #: Packages the variants import that must not be installed where the tests run.
@@ -193,4 +199,47 @@ def write_real_world_model(path: str | os.PathLike[str], kind: str, name: str = 
         head = data["auto_map"].pop("AutoModelForCausalLM")
         data["auto_map"].update(AutoModel=head, AutoModelForSeq2SeqLM=head)
         config.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    elif kind == "embeds_generate":
+        (root / f"modeling_chat_{name}.py").write_text(_CHAT.format(name=name, prefix=prefix),
+                                                      encoding="utf-8")
+        _edit_auto_map(root / "config.json",
+                       AutoModelForCausalLM=f"modeling_chat_{name}.{prefix}ChatModel")
     return root
+
+
+_CHAT = '''"""The chat model of {name}: a vision-language wrapper around a language model."""
+
+import torch
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from .modeling_{name} import {prefix}PreTrainedModel
+
+
+class {prefix}ChatModel({prefix}PreTrainedModel):
+    main_input_name = "pixel_values"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.vision_proj = nn.Linear(3, config.hidden_size)
+        self.language_model = LlamaForCausalLM(LlamaConfig(
+            vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+            intermediate_size=2 * config.hidden_size, num_hidden_layers=config.num_layers,
+            num_attention_heads=2, num_key_value_heads=2, eos_token_id=getattr(config, "eos_token_id", None),
+            tie_word_embeddings=False))
+        self.post_init()
+
+    def forward(self, pixel_values, input_ids=None, attention_mask=None, **kwargs):
+        image = self.vision_proj(pixel_values.mean(dim=(-1, -2)))[:, None]
+        embeds = self.language_model.get_input_embeddings()(input_ids)
+        return self.language_model(inputs_embeds=torch.cat([image, embeds], 1), **kwargs)
+
+    @torch.no_grad()
+    def generate(self, pixel_values=None, input_ids=None, attention_mask=None,
+                 generation_config=None, **generate_kwargs):
+        input_embeds = self.language_model.get_input_embeddings()(input_ids)
+        return self.language_model.generate(inputs_embeds=input_embeds,
+                                            attention_mask=attention_mask,
+                                            generation_config=generation_config,
+                                            use_cache=True, **generate_kwargs)
+'''

@@ -214,7 +214,12 @@ def _generate(engine: Generator, model: Any, prompts: list[list[int]], group: li
     """Per request, its ``n`` rows of new tokens (and logprobs): one ``generate`` call."""
     import torch
 
-    from .generation import continuous_supports, generate_continuous, lighter_min_new_tokens
+    from .generation import (
+        continuous_supports,
+        echoes_prompt,
+        generate_continuous,
+        lighter_min_new_tokens,
+    )
 
     first, new = group[0], max(p.max_tokens for p in group)
     pad = engine.tokenizer.pad_token_id
@@ -251,24 +256,27 @@ def _generate(engine: Generator, model: Any, prompts: list[list[int]], group: li
     device = model.device
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    # the width of the prompt in what generate returns and its processors see (none: the
+    # model's generate returns and sees the new tokens only)
+    seen = width if echoes_prompt(model, pad) else 0
     processors: list[Any] = []
     if first.structured is not None:
-        processors += _constrained(engine, model, first, width, set(stops), options)
+        processors += _constrained(engine, model, first, seen, set(stops), options)
     if first.presence_penalty or first.frequency_penalty:
         processors.insert(1 if first.structured is not None else 0, _Penalties(
-            first.presence_penalty, first.frequency_penalty, width))
+            first.presence_penalty, first.frequency_penalty, seen))
     if processors:
         from transformers import LogitsProcessorList
 
         options["logits_processor"] = LogitsProcessorList(processors)
-    options = lighter_min_new_tokens(options, width, model.generation_config)
+    options = lighter_min_new_tokens(options, seen, model.generation_config)
     if first.logprobs is not None:
         options.update(return_dict_in_generate=True, output_logits=True)
     with torch.inference_mode(), _seeded(first, device):
         out = model.generate(input_ids=ids, attention_mask=mask, **options)
     sequences = out.sequences if first.logprobs is not None else out
-    tokens = sequences[:, width:].tolist()
-    picked = _logprobs(engine.tokenizer, out, sequences[:, width:],
+    tokens = sequences[:, seen:].tolist()
+    picked = _logprobs(engine.tokenizer, out, sequences[:, seen:],
                        max(p.logprobs or 0 for p in group)) if first.logprobs is not None else None
     return [[(tokens[i * n + j % n], None if picked is None else picked[i * n + j % n])
              for j in range(first.n)] for i in range(len(prompts))]

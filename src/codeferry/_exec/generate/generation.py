@@ -34,6 +34,7 @@ after its own (``tests/exec/generate/test_generate_paths.py`` compares the token
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -146,7 +147,7 @@ def _batched(model: Any, prompts: list[list[int]], options: dict[str, Any]) -> l
                         device=model.device)
     with torch.inference_mode():
         out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, **options)
-    return [row.tolist() for row in out[:, width:]]
+    return [row.tolist() for row in out[:, width if echoes_prompt(model, pad) else 0:]]
 
 
 def _probe(model: Any, pad: int) -> str | None:
@@ -212,6 +213,29 @@ class _NoEndBefore:
         if input_ids.shape[-1] < self.length:
             scores[:, [e for e in self.ends if 0 <= e < scores.shape[-1]]] = float("-inf")
         return scores
+
+
+_ECHOES: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def echoes_prompt(model: Any, pad: int) -> bool:
+    """Whether the model's ``generate`` returns the prompt before the new tokens, as
+    transformers' own does. A vision-language wrapper (InternVL, MiniCPM-V...) whose
+    ``generate`` embeds the ids and calls its language model's ``generate`` with
+    ``inputs_embeds`` returns the new tokens only, and its logits processors see those only.
+    Found once per model by generating one token after a two-token prompt."""
+    known = _ECHOES.get(model)
+    if known is None:
+        import torch
+
+        prompt = torch.tensor([[3, 4]], device=model.device)
+        with torch.inference_mode():
+            out = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt),
+                                 max_new_tokens=1, do_sample=False, pad_token_id=pad)
+        sequences = getattr(out, "sequences", out)
+        known = _ECHOES[model] = bool(sequences.shape[1] > 2
+                                      and sequences[0, :2].tolist() == [3, 4])
+    return known
 
 
 def lighter_min_new_tokens(options: dict[str, Any], prompt_length: int,
