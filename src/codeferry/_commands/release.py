@@ -17,7 +17,8 @@ __all__ = ["register", "release_command"]
 def release_command(args: argparse.Namespace) -> int:
     """Make the older transformers release MODEL's code needs, ahead of an offline run.
 
-    Static: executes nothing.
+    Runs none of the model's code: pip (or uv) installs the release into
+    CODEFERRY_RELEASES. Ray: run it on each offline node.
     """
     code = bundle(args)
     version = removed.installed()
