@@ -223,18 +223,24 @@ def echoes_prompt(model: Any, pad: int) -> bool:
     transformers' own does. A vision-language wrapper (InternVL, MiniCPM-V...) whose
     ``generate`` embeds the ids and calls its language model's ``generate`` with
     ``inputs_embeds`` returns the new tokens only, and its logits processors see those only.
-    Found once per model by generating one token after a two-token prompt."""
+    transformers' own ``generate`` does; another is found once per model by generating one
+    token after a two-token prompt."""
     known = _ECHOES.get(model)
-    if known is None:
-        import torch
+    if known is not None:
+        return known
+    import torch
+    from transformers import GenerationMixin
 
+    if getattr(type(model), "generate", None) is GenerationMixin.generate:
+        known = True
+    else:
         prompt = torch.tensor([[3, 4]], device=model.device)
         with torch.inference_mode():
             out = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt),
                                  max_new_tokens=1, do_sample=False, pad_token_id=pad)
         sequences = getattr(out, "sequences", out)
-        known = _ECHOES[model] = bool(sequences.shape[1] > 2
-                                      and sequences[0, :2].tolist() == [3, 4])
+        known = bool(sequences.shape[1] > 2 and sequences[0, :2].tolist() == [3, 4])
+    _ECHOES[model] = known
     return known
 
 
