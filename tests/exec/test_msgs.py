@@ -268,6 +268,19 @@ def test_an_unguarded_script_is_told_to_add_the_main_guard(tmp_path: Path, how: 
     assert "bootstrapping" in last and "died with exit code" not in done.stderr
 
 
+def test_a_script_read_from_standard_input_is_told_to_be_a_file(tmp_path: Path) -> None:
+    """``python - < job.py``: spawned workers import the main script again from its file,
+    and ``<stdin>`` is none; said before any worker starts, not as each one's death."""
+    env = {**os.environ, "PYTHONPATH": str(Path(codeferry.__file__).parents[1])}
+    done = subprocess.run([sys.executable, "-"], input=GUARDED.format(demo=DEMO, method="spawn"),
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert done.returncode == 1 and "generated" not in done.stdout
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("codeferry.errors.MainGuardError: the main script was read from "
+                           "<stdin>"), done.stderr[-2000:]
+    assert "save the script to a file" in last and "died with exit code" not in done.stderr
+
+
 def test_an_unguarded_import_in_the_child_is_refused_there(tmp_path: Path) -> None:
     done = run_script(tmp_path, IN_THE_CHILD, "spawn")
     assert done.returncode == 1

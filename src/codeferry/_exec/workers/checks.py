@@ -124,6 +124,13 @@ def check_main_guard(start_method: str) -> None:
     main = sys.modules.get("__main__")
     if main is None or not _reimported(main):
         return
+    file = getattr(main, "__file__", None)
+    if isinstance(file, str) and file.startswith("<") and file.endswith(">"):  # <stdin>
+        raise MainGuardError(
+            f"the main script was read from {file}, and every {start_method} worker imports "
+            "the main script again from its file: there is none to read, and each worker "
+            "would die in its bootstrap (FileNotFoundError).",
+            fix="save the script to a file and run that file, or use start_method='fork'.")
     frame = _main_frame(main.__dict__)
     if frame is None:
         return
