@@ -32,20 +32,21 @@ GOLDEN = HERE / "golden.json"
 #: Families whose code needs an older release than the floors: their reference runs with that
 #: transformers first on the path, installed beside the floors' environment
 #: (``pip install --no-deps --target <env>/transformers-X transformers==X``; CI's set-up does).
-RELEASES = {"chatglm": "4.48.3"}
+RELEASES = {"chatglm": "4.48.3", "chatglm6b": "4.41.2"}
 
 
 def build(family: str, root: Path) -> Path:
     """The family's files, the demo model's tokenizer, and seeded weights, in ``root``."""
-    from _weights import save_seeded
-    from transformers import AutoConfig, AutoModelForCausalLM
+    import transformers
+    from _weights import head, save_seeded
 
     folder = root / family
     shutil.copytree(MODELS / family, folder,
                     ignore=shutil.ignore_patterns("README.md", "__pycache__"))
     demo = Path(codeferry.__file__).parent / "demo"
     for name in ("tokenization_charlm.py", "tokenizer_config.json", "vocab.json"):
-        shutil.copy(demo / name, folder / name)
+        if not (folder / name).exists():  # a family may bring its own tokenizer on top
+            shutil.copy(demo / name, folder / name)
     line = release_line(resolve(folder))  # as the executor decides it
     if line is not None:  # the running transformers cannot import this code: its release can
         assert release.made(line), f"make the release first: codeferry release {line}"
@@ -55,7 +56,8 @@ def build(family: str, root: Path) -> Path:
         assert done.returncode == 0, done.stderr[-3000:]
         return folder
     codeferry.load(folder, trust_remote_code=True)
-    save_seeded(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)), str(folder))
+    config = transformers.AutoConfig.from_pretrained(folder)
+    save_seeded(getattr(transformers, head(folder)).from_config(config), str(folder))
     return folder
 
 

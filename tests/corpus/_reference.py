@@ -7,13 +7,15 @@ import json
 import sys
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+import transformers
+from _weights import head
 
 
 def main() -> None:
     folder, new_tokens, prompts = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
-    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    model_class = getattr(transformers, head(folder))  # as its users build it
+    model = model_class.from_pretrained(folder, trust_remote_code=True).eval()
     out = []
     for prompt in prompts:  # one at a time: no padding, the code's own simplest path
         ids = tokenizer(prompt, return_tensors="pt")

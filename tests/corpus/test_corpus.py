@@ -50,8 +50,11 @@ def test_generates_as_on_its_own_release(family: tuple[str, Path]) -> None:
     with codeferry.Executor(folder, workers=1, trust_remote_code=True) as ex:
         results = ex.complete([Request(p) for p in PROMPTS], params)
         ran_on = ex.worker_info[0]["transformers"]
+        reason = ex.worker_info[0]["generate_reason"]
     got = [list(r.completions[0].token_ids) for r in results]
     assert got == expected, name  # an end-of-sequence token ends both, and is in both
+    # the prompts differ in length: only code that drops the attention mask gets no padding
+    assert ("left padding changes" in reason) == (name == "chatglm6b"), reason
     # the installed transformers, or the release environment the code needs (hybridcache on 5.x)
     line = release_line(resolve(folder))
     assert ran_on == installed() if line is None else ran_on.startswith(f"{line}."), ran_on
@@ -119,3 +122,23 @@ def test_a_hub_repo_whose_code_needs_a_release_generates_offline(
     assert [list(r.completions[0].token_ids) for r in results] == golden()["hybridcache"]
     line = release_line(resolve(folder))
     assert ran_on == installed() if line is None else ran_on.startswith(f"{line}."), ran_on
+
+
+def test_chatglm6b_generates_as_its_users_call_it(tmp_path: Path) -> None:
+    """``AutoModel.from_pretrained(...).generate`` after ``codeferry.load``, one prompt at a
+    time, in this process: its map has no causal-LM key, and on transformers 5 its own
+    ``prepare_inputs_for_generation`` gets no 1-D position ids from ``generate``."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    folder = build("chatglm6b", tmp_path)
+    codeferry.load(folder, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    model = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
+    got = []
+    for prompt in PROMPTS[:3]:
+        ids = tokenizer(prompt, return_tensors="pt")
+        with torch.no_grad():
+            out = model.generate(**ids, max_new_tokens=NEW_TOKENS, do_sample=False)
+        got.append(out[0, ids["input_ids"].shape[1]:].tolist())
+    assert got == golden()["chatglm6b"][:3]

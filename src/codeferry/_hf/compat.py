@@ -160,14 +160,16 @@ class _TiedList:
 
 def _without_none_mask(update: Callable[..., Any]) -> Callable[..., Any]:
     """transformers 5's ``generate`` keeps ``attention_mask: None`` where 4 kept the mask of
-    ones; code that extends ``model_kwargs["attention_mask"]`` when the key is there gets
-    no key, as it would for a model called without a mask."""
+    ones, and ``position_ids: None`` where 4 had no key (``_no_generated_positions``); code
+    that extends ``model_kwargs["attention_mask"]`` or ``["position_ids"]`` when the key is
+    there gets no key, as it would for a model called without them."""
 
     @functools.wraps(update)
     def _update_model_kwargs_for_generation(self: Any, outputs: Any, model_kwargs: Any,
                                             *args: Any, **kwargs: Any) -> Any:
-        if "attention_mask" in model_kwargs and model_kwargs["attention_mask"] is None:
-            model_kwargs = {k: v for k, v in model_kwargs.items() if k != "attention_mask"}
+        if any(model_kwargs.get(key, 0) is None for key in _NONE_KEYS):
+            model_kwargs = {k: v for k, v in model_kwargs.items()
+                            if not (k in _NONE_KEYS and v is None)}
         return update(self, outputs, model_kwargs, *args, **kwargs)
 
     _update_model_kwargs_for_generation.__codeferry_compat__ = True  # type: ignore[attr-defined]
@@ -201,6 +203,17 @@ def _past_extractor(cls: type) -> Callable[..., Any] | None:
         return (name, past) if pair else past
 
     return _extract_past_from_model_output
+
+
+_NONE_KEYS = ("attention_mask", "position_ids")
+
+
+def _no_generated_positions(self: Any, inputs_tensor: Any, model_kwargs: Any) -> None:
+    """transformers 4's ``generate`` made no position ids: a class's own
+    ``prepare_inputs_for_generation`` computed them when none were given (ChatGLM-6B's 2-D
+    positions, found from its mask tokens; others from the attention mask). transformers 5
+    makes 1-D ones before the first step and hands them in, which such code takes as given."""
+    return None
 
 
 def _no_default_cache(cls: type) -> bool:
@@ -330,6 +343,13 @@ def shim_classes(module: types.ModuleType, registration: Any = None) -> None:
                     and hasattr(PreTrainedModel, "get_expanded_tied_weights_keys")):
                 setattr(value, "_tied_weights_keys", _TiedList(tied))  # noqa: B010
                 added.append(f"{value.__name__}._tied_weights_keys")
+            prepare = vars(value).get("prepare_inputs_for_generation")
+            if (callable(prepare) and _makes_positions()
+                    and "_prepare_position_ids_for_generation" not in vars(value)
+                    and "position_ids" in inspect.signature(prepare).parameters):
+                setattr(value, "_prepare_position_ids_for_generation",  # noqa: B010
+                        _no_generated_positions)
+                added.append(f"{value.__name__}._prepare_position_ids_for_generation")
             update = vars(value).get("_update_model_kwargs_for_generation")
             if callable(update) and not hasattr(update, _MARK):
                 setattr(value, "_update_model_kwargs_for_generation",  # noqa: B010
@@ -364,6 +384,15 @@ def shim_classes(module: types.ModuleType, registration: Any = None) -> None:
                         _own_generation_parameters(value._get_generation_parameters,
                                                    frozenset(defaults)))
     used.update(added)
+
+
+def _makes_positions() -> bool:
+    """Whether the installed ``generate`` makes position ids itself (transformers 5)."""
+    try:
+        from transformers import GenerationMixin
+    except ImportError:
+        return False
+    return hasattr(GenerationMixin, "_prepare_position_ids_for_generation")
 
 
 def _transformers_model(cls: type, name: str) -> bool:

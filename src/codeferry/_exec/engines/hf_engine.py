@@ -127,6 +127,13 @@ class TransformersEngine:
 
             self.generate_path = choose(self.models[key], self.spec.engine.generate_path,
                                         self.spec.device, self.tokenizer.pad_token_id)
+            if self.generate_path[0] == "batched":
+                from ..generate.generation import padding_note
+
+                pad = self.tokenizer.pad_token_id
+                path, why = self.generate_path
+                self.generate_path = path, why + padding_note(
+                    self.models[key], self.tokenizer, 0 if pad is None else int(pad))
 
     def info(self) -> dict[str, Any]:
         """What the ready message tells the parent: classes, and how ``generate`` runs."""

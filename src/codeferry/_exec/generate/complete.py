@@ -219,6 +219,7 @@ def _generate(engine: Generator, model: Any, prompts: list[list[int]], group: li
         echoes_prompt,
         generate_continuous,
         lighter_min_new_tokens,
+        pads_safely,
     )
 
     first, new = group[0], max(p.max_tokens for p in group)
@@ -243,6 +244,9 @@ def _generate(engine: Generator, model: Any, prompts: list[list[int]], group: li
             and continuous_supports(options):
         rows = generate_continuous(model, prompts, options, ends or None)
         return [[(row, None)] for row in rows]
+    if len({len(p) for p in prompts}) > 1 and pads_safely(
+            model, min(prompts, key=len), max(prompts, key=len), pad) is False:
+        return _by_length(engine, model, prompts, group, ends)
     # greedy: the n completions are one (transformers refuses n > 1 without sampling)
     n = first.n if first.do_sample else 1
     options.update(do_sample=first.do_sample, num_return_sequences=n,
@@ -280,6 +284,19 @@ def _generate(engine: Generator, model: Any, prompts: list[list[int]], group: li
                        max(p.logprobs or 0 for p in group)) if first.logprobs is not None else None
     return [[(tokens[i * n + j % n], None if picked is None else picked[i * n + j % n])
              for j in range(first.n)] for i in range(len(prompts))]
+
+
+def _by_length(engine: Generator, model: Any, prompts: list[list[int]], group: list[Resolved],
+               ends: list[int]) -> list[Row]:
+    """``_generate`` once per prompt length, with no padding: for a model whose tokens left
+    padding changes (``generation.pads_safely``)."""
+    out: list[Row] = [[] for _ in prompts]
+    for length in sorted({len(p) for p in prompts}):
+        at = [i for i, p in enumerate(prompts) if len(p) == length]
+        rows = _generate(engine, model, [prompts[i] for i in at], [group[i] for i in at], ends)
+        for i, row in zip(at, rows, strict=True):
+            out[i] = row
+    return out
 
 
 def _constrained(engine: Generator, model: Any, first: Resolved, width: int, ends: set[int],

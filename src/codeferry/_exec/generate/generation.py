@@ -244,6 +244,46 @@ def echoes_prompt(model: Any, pad: int) -> bool:
     return known
 
 
+_PADS: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+#: What the padding probe generates: enough steps to see a mask dropped after the first.
+_PAD_PROBE_TOKENS = 3
+
+
+def pads_safely(model: Any, short: list[int], long: list[int], pad: int) -> bool | None:
+    """Whether left padding leaves a row's greedy tokens as they are alone, found once per
+    model by generating ``short`` alone and left-padded beside ``long``. Code that drops a
+    0/1 attention mask (ChatGLM-6B's takes only its tokenizer's 4-D boolean one, and computes
+    its context and positions from the padded row) gives a padded row other tokens, with no
+    error: such a model gets one ``generate`` call per prompt length. ``None`` (and nothing
+    kept) when the probe itself failed on these prompts."""
+    known = _PADS.get(model)
+    if known is not None or len(short) >= len(long):
+        return known if known is not None else True
+    options = {"max_new_tokens": _PAD_PROBE_TOKENS, "pad_token_id": pad}
+    eos = model.generation_config.eos_token_id
+    try:
+        alone = _batched(model, [short], options)[0]
+        padded = _batched(model, [long, short], options)[1]
+    except Exception:  # noqa: BLE001 - these prompts are not this model's: ask another time
+        return None
+    known = _until(alone, eos) == _until(padded, eos)
+    _PADS[model] = known
+    return known
+
+
+def padding_note(model: Any, tokenizer: Any, pad: int) -> str:
+    """What ``choose_path``'s reason adds for the batched path: nothing, or that left padding
+    changes this model's tokens (``pads_safely`` on two prompts its tokenizer makes)."""
+    short, long = (list(tokenizer(text)["input_ids"]) for text in _PAD_PROBE_TEXTS)
+    if pads_safely(model, short, long, pad) is not False:
+        return ""
+    return ("; left padding changes its greedy tokens (its code drops the attention mask): "
+            "one generate call per prompt length")
+
+
+_PAD_PROBE_TEXTS = ("hi", "a longer prompt, beside which the short one is padded")
+
+
 def lighter_min_new_tokens(options: dict[str, Any], prompt_length: int,
                            config: Any) -> dict[str, Any]:
     """``options`` for ``generate`` with ``min_new_tokens`` done by ``_NoEndBefore``; the
