@@ -142,3 +142,26 @@ def test_chatglm6b_generates_as_its_users_call_it(tmp_path: Path) -> None:
             out = model.generate(**ids, max_new_tokens=NEW_TOKENS, do_sample=False)
         got.append(out[0, ids["input_ids"].shape[1]:].tolist())
     assert got == golden()["chatglm6b"][:3]
+
+
+def test_generate_makes_positions_only_for_code_written_for_transformers_5(
+        tmp_path: Path) -> None:
+    """transformers 5's ``generate`` makes every position before the first step and hands them
+    to ``prepare_inputs_for_generation``; 4's made none. A class with its own (StableLM's
+    reads ``kwargs.get("position_ids")``) gets none when transformers 4 wrote its config, and
+    what the installed ``generate`` makes when transformers 5 did."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    folder = build("stablelm", tmp_path)
+    codeferry.load(folder, trust_remote_code=True)
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    if not installed().startswith("5."):  # 4's generate makes none: nothing to serve
+        assert not hasattr(model, "_prepare_position_ids_for_generation")
+        return
+    ids, mask = torch.tensor([[0, 5, 6, 7]]), torch.tensor([[0, 1, 1, 1]])
+    assert model.config.transformers_version == "4.34.0"
+    assert model._prepare_position_ids_for_generation(ids, {"attention_mask": mask}) is None
+    model.config.transformers_version = "5.2.0"
+    made = model._prepare_position_ids_for_generation(ids, {"attention_mask": mask})
+    assert made.tolist() == [[0, 0, 1, 2]]

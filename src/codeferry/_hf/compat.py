@@ -160,7 +160,7 @@ class _TiedList:
 
 def _without_none_mask(update: Callable[..., Any]) -> Callable[..., Any]:
     """transformers 5's ``generate`` keeps ``attention_mask: None`` where 4 kept the mask of
-    ones, and ``position_ids: None`` where 4 had no key (``_no_generated_positions``); code
+    ones, and ``position_ids: None`` where 4 had no key (``_positions_as_written_for``); code
     that extends ``model_kwargs["attention_mask"]`` or ``["position_ids"]`` when the key is
     there gets no key, as it would for a model called without them."""
 
@@ -208,12 +208,24 @@ def _past_extractor(cls: type) -> Callable[..., Any] | None:
 _NONE_KEYS = ("attention_mask", "position_ids")
 
 
-def _no_generated_positions(self: Any, inputs_tensor: Any, model_kwargs: Any) -> None:
-    """transformers 4's ``generate`` made no position ids: a class's own
-    ``prepare_inputs_for_generation`` computed them when none were given (ChatGLM-6B's 2-D
-    positions, found from its mask tokens; others from the attention mask). transformers 5
-    makes 1-D ones before the first step and hands them in, which such code takes as given."""
-    return None
+def _positions_as_written_for(made: Callable[..., Any]) -> Callable[..., Any]:
+    """``_prepare_position_ids_for_generation`` for a class with its own
+    ``prepare_inputs_for_generation``: none made for a model whose config transformers 4
+    wrote, as its ``generate`` made none, and such code computes them when none are given
+    (ChatGLM-6B's 2-D positions from its mask tokens; StableLM's from the mask, the last one
+    once a cache exists). transformers 5 makes every position before the first step and
+    hands them in, which that code takes as given. A config written by 5: ``made``."""
+
+    @functools.wraps(made)
+    def _prepare_position_ids_for_generation(self: Any, inputs_tensor: Any,
+                                             model_kwargs: Any) -> Any:
+        written = str(getattr(self.config, "transformers_version", None) or "")
+        if written.split(".")[0].isdigit() and int(written.split(".")[0]) < 5:
+            return None
+        return made(self, inputs_tensor, model_kwargs)
+
+    setattr(_prepare_position_ids_for_generation, _MARK, True)
+    return _prepare_position_ids_for_generation
 
 
 def _no_default_cache(cls: type) -> bool:
@@ -343,12 +355,11 @@ def shim_classes(module: types.ModuleType, registration: Any = None) -> None:
                     and hasattr(PreTrainedModel, "get_expanded_tied_weights_keys")):
                 setattr(value, "_tied_weights_keys", _TiedList(tied))  # noqa: B010
                 added.append(f"{value.__name__}._tied_weights_keys")
-            prepare = vars(value).get("prepare_inputs_for_generation")
-            if (callable(prepare) and _makes_positions()
-                    and "_prepare_position_ids_for_generation" not in vars(value)
-                    and "position_ids" in inspect.signature(prepare).parameters):
+            made = _made_positions()
+            if (made is not None and callable(vars(value).get("prepare_inputs_for_generation"))
+                    and "_prepare_position_ids_for_generation" not in vars(value)):
                 setattr(value, "_prepare_position_ids_for_generation",  # noqa: B010
-                        _no_generated_positions)
+                        _positions_as_written_for(made))
                 added.append(f"{value.__name__}._prepare_position_ids_for_generation")
             update = vars(value).get("_update_model_kwargs_for_generation")
             if callable(update) and not hasattr(update, _MARK):
@@ -386,13 +397,15 @@ def shim_classes(module: types.ModuleType, registration: Any = None) -> None:
     used.update(added)
 
 
-def _makes_positions() -> bool:
-    """Whether the installed ``generate`` makes position ids itself (transformers 5)."""
+def _made_positions() -> Callable[..., Any] | None:
+    """How the installed ``generate`` makes position ids itself (transformers 5), or None."""
     try:
         from transformers import GenerationMixin
     except ImportError:
-        return False
-    return hasattr(GenerationMixin, "_prepare_position_ids_for_generation")
+        return None
+    made: Callable[..., Any] | None = getattr(
+        GenerationMixin, "_prepare_position_ids_for_generation", None)
+    return made
 
 
 def _transformers_model(cls: type, name: str) -> bool:
