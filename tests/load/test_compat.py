@@ -338,3 +338,50 @@ def test_code_written_for_the_installed_release_keeps_transformers_ways(tmp_path
     mine = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
     theirs = reference.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
     assert mine.tolist() == theirs.tolist()
+
+
+
+DEFERRING = '''
+from transformers import GPT2Config, GPT2LMHeadModel
+
+
+class DeferringConfig(GPT2Config):
+    model_type = "deferringgpt2"
+
+
+class DeferringLMHeadModel(GPT2LMHeadModel):
+    config_class = DeferringConfig
+
+    def prepare_inputs_for_generation(self, input_ids, **kwargs):
+        return super().prepare_inputs_for_generation(input_ids, **kwargs)
+'''
+
+
+def test_a_prepare_that_calls_transformers_own_keeps_the_positions_generate_makes(
+        tmp_path: Path) -> None:
+    """Code written for transformers 4 (its config says 4.45) whose own
+    ``prepare_inputs_for_generation`` calls ``super()``'s: since 5 that one makes no positions
+    itself, so ``generate``'s stay. GPT-2's positions are absolute: without them a left-padded
+    row would start after its padding, and its tokens would not be transformers' GPT-2's."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    folder = tmp_path / "deferring"
+    torch.manual_seed(0)
+    reference = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=2,
+                                           n_positions=64, pad_token_id=0)).eval()
+    reference.save_pretrained(folder)
+    (folder / "modeling_deferring.py").write_text(textwrap.dedent(DEFERRING))
+    config = json.loads((folder / "config.json").read_text())
+    config.update(model_type="deferringgpt2", transformers_version="4.45.0", auto_map={
+        "AutoConfig": "modeling_deferring.DeferringConfig",
+        "AutoModelForCausalLM": "modeling_deferring.DeferringLMHeadModel"})
+    (folder / "config.json").write_text(json.dumps(config))
+
+    model_class = codeferry.load(folder, trust_remote_code=True)["AutoModelForCausalLM"]
+    assert "_prepare_position_ids_for_generation" not in vars(model_class)
+    model = model_class.from_pretrained(folder).eval()
+    ids = torch.tensor([[0, 0, 0, 0, 0, 5, 6], [9, 8, 7, 6, 5, 4, 3]])
+    mask = (ids != 0).long()
+    options = {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
+    mine = model.generate(ids, attention_mask=mask, **options)
+    assert mine.tolist() == reference.generate(ids, attention_mask=mask, **options).tolist()

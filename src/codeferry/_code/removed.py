@@ -199,6 +199,11 @@ def _key(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
+def written_for_4(version: str | None) -> bool:
+    """Whether a config's ``transformers_version`` names a release before transformers 5."""
+    return bool(version) and _key(str(version))[0] < 5
+
+
 def installed() -> str | None:
     """The installed transformers release, from its metadata (nothing imported)."""
     try:

@@ -38,7 +38,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from .._code.removed import CONFIG_DEFAULTS, IMPORTS
+from .._code.removed import CONFIG_DEFAULTS, IMPORTS, written_for_4
 from .._runtime import loader as _loader
 from .legacy import METHODS, OBJECTS, legacy_dynamic_cache
 
@@ -214,13 +214,14 @@ def _positions_as_written_for(made: Callable[..., Any]) -> Callable[..., Any]:
     wrote, as its ``generate`` made none, and such code computes them when none are given
     (ChatGLM-6B's 2-D positions from its mask tokens; StableLM's from the mask, the last one
     once a cache exists). transformers 5 makes every position before the first step and
-    hands them in, which that code takes as given. A config written by 5: ``made``."""
+    hands them in, which that code takes as given. A config written by 5: ``made``. Not for
+    a ``prepare_inputs_for_generation`` that calls transformers' own (``_defers``): since 5,
+    that one takes the positions ``generate`` made, and makes none itself."""
 
     @functools.wraps(made)
     def _prepare_position_ids_for_generation(self: Any, inputs_tensor: Any,
                                              model_kwargs: Any) -> Any:
-        written = str(getattr(self.config, "transformers_version", None) or "")
-        if written.split(".")[0].isdigit() and int(written.split(".")[0]) < 5:
+        if written_for_4(getattr(self.config, "transformers_version", None)):
             return None
         return made(self, inputs_tensor, model_kwargs)
 
@@ -355,8 +356,8 @@ def shim_classes(module: types.ModuleType, registration: Any = None) -> None:
                     and hasattr(PreTrainedModel, "get_expanded_tied_weights_keys")):
                 setattr(value, "_tied_weights_keys", _TiedList(tied))  # noqa: B010
                 added.append(f"{value.__name__}._tied_weights_keys")
-            made = _made_positions()
-            if (made is not None and callable(vars(value).get("prepare_inputs_for_generation"))
+            made, prepare = _made_positions(), vars(value).get("prepare_inputs_for_generation")
+            if (made is not None and callable(prepare) and not _defers(prepare)
                     and "_prepare_position_ids_for_generation" not in vars(value)):
                 setattr(value, "_prepare_position_ids_for_generation",  # noqa: B010
                         _positions_as_written_for(made))
@@ -406,6 +407,15 @@ def _made_positions() -> Callable[..., Any] | None:
     made: Callable[..., Any] | None = getattr(
         GenerationMixin, "_prepare_position_ids_for_generation", None)
     return made
+
+
+def _defers(prepare: Callable[..., Any]) -> bool:
+    """Whether a class's own ``prepare_inputs_for_generation`` calls another one (``super()``'s,
+    transformers' own), or its source cannot be read (then it is left as installed)."""
+    try:
+        return ".prepare_inputs_for_generation(" in inspect.getsource(prepare)
+    except (OSError, TypeError):
+        return True
 
 
 def _transformers_model(cls: type, name: str) -> bool:

@@ -247,6 +247,9 @@ def echoes_prompt(model: Any, pad: int) -> bool:
 _PADS: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 #: What the padding probe generates: enough steps to see a mask dropped after the first.
 _PAD_PROBE_TOKENS = 3
+#: The probe's prompts at start-up, through the model's own tokenizer (which adds what the
+#: model's code looks for, as ChatGLM-6B's ``[gMASK]``).
+_PAD_PROBE_TEXTS = ("hi", "a longer prompt, beside which the short one is padded")
 
 
 def pads_safely(model: Any, short: list[int], long: list[int], pad: int) -> bool | None:
@@ -257,8 +260,10 @@ def pads_safely(model: Any, short: list[int], long: list[int], pad: int) -> bool
     error: such a model gets one ``generate`` call per prompt length. ``None`` (and nothing
     kept) when the probe itself failed on these prompts."""
     known = _PADS.get(model)
-    if known is not None or len(short) >= len(long):
-        return known if known is not None else True
+    if known is not None:
+        return known
+    if len(short) >= len(long):
+        return True  # nothing to pad: ask another time
     options = {"max_new_tokens": _PAD_PROBE_TOKENS, "pad_token_id": pad}
     eos = model.generation_config.eos_token_id
     try:
@@ -280,8 +285,6 @@ def padding_note(model: Any, tokenizer: Any, pad: int) -> str:
     return ("; left padding changes its greedy tokens (its code drops the attention mask): "
             "one generate call per prompt length")
 
-
-_PAD_PROBE_TEXTS = ("hi", "a longer prompt, beside which the short one is padded")
 
 
 def lighter_min_new_tokens(options: dict[str, Any], prompt_length: int,
