@@ -124,6 +124,11 @@ SETTINGS: tuple[Setting, ...] = (
         "`0` leaves a CPU worker's Linear layers as they are; on, their weights are packed once for oneDNN when the model is built (faster decoding, the weights' memory once more; see the executor page)",
     ),
     Setting(
+        ("CODEFERRY_CPU_BIND",),
+        "on",
+        "`0` lets a local CPU worker of the transformers engine run on any core; on, each is bound to cores of its own when there are enough (see the executor page)",
+    ),
+    Setting(
         ("CODEFERRY_CPU_FLOAT32_ATTENTION",),
         "on",
         "`0` keeps a model's own attention in a CPU worker's decode loop; on, codeferry's attention runs there: rows attend in runs that skip padding, and a bfloat16 or float16 model's keys and values are stored and attended in float32 (faster on CPU, that cache twice the bytes; see the executor page)",
@@ -304,6 +309,12 @@ def vllm_plugin_enabled() -> bool:
 def cpu_pack_enabled() -> bool:
     """Whether ``CODEFERRY_CPU_PACK`` leaves CPU workers' weight packing on (the default)."""
     return (os.environ.get("CODEFERRY_CPU_PACK") or "1").strip().upper() not in _FALSE
+
+
+def cpu_bind() -> bool:
+    """Whether ``CODEFERRY_CPU_BIND`` leaves local CPU workers bound to cores of their own
+    (the default)."""
+    return (os.environ.get("CODEFERRY_CPU_BIND") or "1").strip().upper() not in _FALSE
 
 
 def cpu_float32_attention() -> bool:

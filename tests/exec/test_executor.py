@@ -118,6 +118,10 @@ def worker_pid(worker: Any) -> int:
     return os.getpid()
 
 
+def worker_cores(worker: Any) -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
 def test_results_in_input_order_and_iterators(executor: codeferry.Executor, plan: Path) -> None:
     set_plan(plan, None, 0, 0)
     texts = executor.generate(PROMPTS, max_new_tokens=4)
@@ -149,6 +153,23 @@ def test_the_monitor_replaces_a_worker_that_dies_between_calls(
         time.sleep(0.1)
     assert executor.pids[0] not in (None, victim)  # replaced with no call in flight
     assert executor.generate(PROMPTS, max_new_tokens=3) == expected
+    assert_bound(executor)  # the replacement too
+
+
+def assert_bound(executor: codeferry.Executor) -> None:
+    """Two workers of one thread on a machine of two cores or more: each runs on a core of
+    its own (``layout.cores``), as ``worker_info`` says; on one core, on it."""
+    usable = sorted(os.sched_getaffinity(0))
+    seen = executor.collective_rpc(worker_cores)
+    said = [info["cores"] for info in executor.worker_info]
+    if len(usable) >= 2:
+        assert seen == said == [[usable[0]], [usable[1]]]
+    else:
+        assert seen == [usable, usable] and said == [[], []]
+
+
+def test_each_local_cpu_worker_runs_on_cores_of_its_own(executor: codeferry.Executor) -> None:
+    assert_bound(executor)
 
 
 CRASHES = [

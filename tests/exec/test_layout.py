@@ -1,4 +1,5 @@
-"""How many workers an executor starts, and threads each (``_exec/layout.py``): pure."""
+"""How many workers an executor starts, threads each, and their cores (``_exec/layout.py``):
+pure."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from codeferry._exec.layout import RAY_WORKERS, cpus, layout, reason
+from codeferry._exec.layout import RAY_WORKERS, bindings, cores, cpus, layout, reason
 
 
 @pytest.mark.parametrize(("device", "cores", "want"), [
@@ -43,6 +44,35 @@ def test_the_reason_names_the_branch_the_layout_took(args: tuple[str, str, int |
                                                                 int | None], says: str) -> None:
     assert reason(*args, cpus=2, devices=4).startswith(says)
     assert reason("cpu", "local", None, None, cpus=1) == "one core: one worker"
+
+
+@pytest.mark.parametrize(("count", "threads", "usable", "want"), [
+    (2, 1, [0, 1], [(0,), (1,)]),
+    (2, 8, list(range(16)), [tuple(range(8)), tuple(range(8, 16))]),
+    (2, 1, [5, 3, 9], [(3,), (5,)]),  # the cores this process may use, in order
+    (3, 1, [0, 1], [(), (), ()]),  # more threads than cores: none bound
+    (2, 2, [0, 1, 2], [(), ()]),
+])
+def test_each_worker_binds_to_a_run_of_cores_of_its_own(count: int, threads: int,
+                                                         usable: list[int], want: Any) -> None:
+    assert cores(count, threads, usable, bind=True) == want
+    assert cores(count, threads, usable, bind=False) == [()] * count
+
+
+def test_only_local_cpu_workers_bind_and_the_setting_turns_it_off(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    usable = sorted(os.sched_getaffinity(0))
+    monkeypatch.delenv("CODEFERRY_CPU_BIND", raising=False)
+    assert bindings("cpu", "local", 1, len(usable)) == [tuple(usable)]
+    assert bindings("cpu", "ray", 1, 1) == [()]  # an actor's cores are its node's
+    assert bindings("cuda:0", "local", 1, 1) == [()]
+    monkeypatch.setenv("CODEFERRY_CPU_BIND", "0")
+    assert bindings("cpu", "local", 1, 1) == [()]
+    assert "binds" not in reason("cpu", "local", None, None, cpus=2, bound=False)
+    assert "binds each to cores of its own" in reason("cpu", "local", None, None, cpus=2,
+                                                       bound=True)
 
 
 @pytest.mark.parametrize(("workers", "threads"), [(0, None), (-1, None), (None, 0)])

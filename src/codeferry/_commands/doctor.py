@@ -28,7 +28,7 @@ from .._code import removed
 from .._exec.engines.base import Rpc
 from .._exec.engines.spec import EngineChoice
 from .._exec.files import missing_tokenizer
-from .._exec.layout import cpus, layout, reason
+from .._exec.layout import bindings, cpus, layout, reason
 from .._exec.options import WorkerOptions, sandbox_request
 from .._exec.plan import prepare
 from .._exec.workers.checks import check_main_guard
@@ -89,7 +89,8 @@ class DoctorReport:
     #: Names later transformers releases removed that the code uses (``_code.removed``).
     removed: list[tuple[str, removed.Use]] = field(default_factory=list)
     #: What ``codeferry run`` and ``Executor`` start here when not told (``_exec.layout``):
-    #: ``workers``, ``threads`` (each), ``cpus`` (this process may use), ``reason``.
+    #: ``workers``, ``threads`` (each), ``cpus`` (this process may use), ``cores`` (each
+    #: worker's, ``layout.cores``; empty: unbound), ``reason``.
     layout: dict[str, Any] = field(default_factory=dict)
     #: The transformers release line the workers ran the code on (``None``: the installed).
     release: str | None = None
@@ -309,8 +310,9 @@ def _default_layout(backend: str) -> dict[str, Any]:
     why: a user reads what the machine gets before a long run."""
     here = cpus()
     count, threads = layout("cpu", backend, None, None, cpus=here)
-    return {"workers": count, "threads": threads, "cpus": here,
-            "reason": reason("cpu", backend, None, None, cpus=here)}
+    bound = [list(c) for c in bindings("cpu", backend, count, threads)]
+    return {"workers": count, "threads": threads, "cpus": here, "cores": bound,
+            "reason": reason("cpu", backend, None, None, cpus=here, bound=any(bound))}
 
 
 def render_doctor(report: DoctorReport) -> str:

@@ -36,7 +36,7 @@ from .engines.spec import EngineChoice
 from .engines.vllm_engine import choose_engine
 from .files import model_context
 from .generate.params import Conversation, GenerateResult, Request, SamplingParams, conversations
-from .layout import cpus, device_for, devices, layout
+from .layout import bindings, cpus, device_for, devices, layout
 from .options import Backend, EngineName, GeneratePath, StartMethod, WorkerOptions, sandbox_request
 from .plan import Plan, prepare
 from .scheduler import STREAM_DEPTH, Batch, Call, Outcome, Scheduler
@@ -196,13 +196,12 @@ class Executor:
         self.backend = worker.backend
         choice = EngineChoice(self.engine, worker.generate_path,
                               tuple((worker.engine_options or {}).items()), request, release)
-        specs = [
-            WorkerSpec(self.model, plan.for_workers(),
-                       device if worker.backend == "ray" else device_for(device, slot),
-                       plan.dtype, threads, plan.tasks, self.digest, choice,
-                       code=plan.code_folder, sharing=count)
-            for slot in range(count)
-        ]
+        bound = bindings(device, worker.backend, count, threads)
+        specs = [WorkerSpec(self.model, plan.for_workers(),
+                            device if worker.backend == "ray" else device_for(device, slot),
+                            plan.dtype, threads, plan.tasks, self.digest, choice,
+                            code=plan.code_folder, sharing=count, cores=bound[slot])
+                 for slot in range(count)]
         transport: Transport
         if worker.backend == "ray":
             from .workers.ray_backend import RayTransport

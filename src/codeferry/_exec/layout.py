@@ -24,6 +24,16 @@ tokens/s quiet, beside a busy core and beside two half-busy ones, two workers 51
 382: a step of 64 rows 70 tokens long reads as many bytes of KV cache as of weights, so
 rows stop paying (one worker: 268 tokens/s at 24 rows, 283 at 32, 298 at 64).
 
+Each local CPU worker of the transformers engine is bound to cores of its own (``cores``)
+when the workers' threads fit the cores this process may use. Unbound, a neighbour on one
+core gets the kernel's fair third of both, and every thread migrates between cores, its
+cache left behind; bound, one worker shares its core with the neighbour and the other keeps
+its own. Measured (``bench_generation.py``, 2026-12-07, 2 cores, 64 prompts, up to 128
+greedy tokens ending at their own lengths, remote code, 3 rounds alternated, tokens/s
+median): quiet 396 bound against 408 unbound; beside a busy core 284 against 255; beside
+two half-busy ones 264 against 252 (vLLM CPU 302, 299, 277). The vLLM engine binds its own
+threads. ``CODEFERRY_CPU_BIND=0`` turns it off (``_settings``).
+
 An accelerator: one worker per visible device (more would share a device's memory).
 Ray: two actors; the cluster's shape is not known until it is reached, so ``workers`` and
 ``ray_resources`` say it. ``workers=N`` always wins; the threads are then the cores shared
@@ -38,7 +48,10 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["CPU_WORKERS", "RAY_WORKERS", "cpus", "device_for", "devices", "layout", "reason"]
+from .. import _settings
+
+__all__ = ["CPU_WORKERS", "RAY_WORKERS", "affinity", "bindings", "cores", "cpus", "device_for", "devices",
+           "layout", "reason"]
 
 #: Workers on a CPU machine (at most one a core), and actors a Ray executor starts, when
 #: ``workers`` is not given.
@@ -65,8 +78,18 @@ def layout(device: str, backend: str, workers: int | None, threads: int | None, 
     return count, threads or max(1, cpus // count)
 
 
+def cores(count: int, threads: int, usable: list[int], *, bind: bool) -> list[tuple[int, ...]]:
+    """The cores each of ``count`` local CPU workers of ``threads`` threads binds to:
+    consecutive runs of ``usable`` (the cores this process may use), one run a worker;
+    empty for each (every core) when ``bind`` is off or the runs would not fit."""
+    if not bind or count * threads > len(usable):
+        return [() for _ in range(count)]
+    ordered = sorted(usable)
+    return [tuple(ordered[i * threads:(i + 1) * threads]) for i in range(count)]
+
+
 def reason(device: str, backend: str, workers: int | None, threads: int | None, *,
-           cpus: int, devices: int = 0) -> str:
+           cpus: int, devices: int = 0, bound: bool = False) -> str:
     """Why ``layout`` gives what it gives for these arguments, in one clause (``codeferry
     doctor`` prints it beside the counts)."""
     given = [name for name, value in (("workers", workers), ("threads_per_worker", threads))
@@ -81,8 +104,9 @@ def reason(device: str, backend: str, workers: int | None, threads: int | None, 
     if cpus == 1:
         return "one core: one worker"
     # the measurements behind it are this module's docstring's, not repeated here
-    return (f"{cpus} cores shared by {CPU_WORKERS} workers, whichever engine: beside other "
-            "work, a worker of every thread stalls at each op")
+    return (f"{cpus} cores shared by {CPU_WORKERS} workers, whichever engine"
+            f"{' (the transformers engine binds each to cores of its own)' if bound else ''}: "
+            "beside other work, a worker of every thread stalls at each op")
 
 
 def device_for(device: str, slot: int) -> str:
@@ -99,6 +123,21 @@ def cpus() -> int:
     """The cores this process may run on (its affinity, where the OS has one)."""
     getter = getattr(os, "sched_getaffinity", None)
     return len(getter(0)) if getter is not None else (os.cpu_count() or 1)
+
+
+def affinity() -> list[int]:
+    """The cores this process may run on, by number; empty where the OS cannot bind."""
+    getter = getattr(os, "sched_getaffinity", None)
+    if getter is None or not hasattr(os, "sched_setaffinity"):
+        return []
+    return sorted(getter(0))
+
+
+def bindings(device: str, backend: str, count: int, threads: int) -> list[tuple[int, ...]]:
+    """``cores`` for an executor's workers here: local CPU workers only (a Ray actor's cores
+    are its node's), and not under ``CODEFERRY_CPU_BIND=0``."""
+    bind = backend == "local" and device.split(":")[0] == "cpu" and _settings.cpu_bind()
+    return cores(count, threads, affinity(), bind=bind)
 
 
 def devices(device: str, backend: str) -> int:

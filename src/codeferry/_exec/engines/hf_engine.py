@@ -8,6 +8,7 @@ answer.
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,6 +34,8 @@ class TransformersEngine:
         from ..._load import load_pinned, load_with
 
         hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # load reports of heads a task does not use
+        if spec.cores:  # its own cores (``layout.cores``), before torch starts its threads
+            os.sched_setaffinity(0, spec.cores)
         torch.set_num_threads(max(1, spec.threads))
         self.spec = spec
         self.models: dict[str, Any] = {}
@@ -142,7 +145,7 @@ class TransformersEngine:
         temperature = getattr(getattr(model, "generation_config", None), "temperature", None)
         return {"classes": sorted(self.classes), "generate_path": path, "generate_reason": why,
                 "packed_linears": sum(self.packed.values()), "engine": "transformers",
-                "temperature": temperature}
+                "temperature": temperature, "cores": list(self.spec.cores)}
 
     def _encode(self, texts: Sequence[str], *, left: bool, model: Any) -> tuple[Any, Any]:
         """Model inputs (only those ``forward`` takes), and the attention mask."""

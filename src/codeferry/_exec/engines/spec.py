@@ -61,3 +61,6 @@ class WorkerSpec:
     #: How many of the executor's workers may build their models on one machine at once:
     #: they share its free memory (``packing.pack_linears``' float32 copies).
     sharing: int = 1
+    #: The cores the worker binds itself to (``layout.cores``); empty: every core this
+    #: process may use.
+    cores: tuple[int, ...] = ()
