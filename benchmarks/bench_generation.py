@@ -269,9 +269,19 @@ def executor_way(label: str, path: str, prompts: list[str], options: dict[str, A
                  **settings: Any) -> Way:
     import codeferry
 
-    start = time.perf_counter()
-    ex = codeferry.Executor(path, preload=("generate",), **settings)
-    startup = time.perf_counter() - start
+    env = settings.pop("env", {})  # e.g. {"CODEFERRY_CPU_BIND": "0"}: set while it starts
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        start = time.perf_counter()
+        ex = codeferry.Executor(path, preload=("generate",), **settings)
+        startup = time.perf_counter() - start
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
     def call() -> tuple[list[str], float]:
         begin, first, texts = time.perf_counter(), 0.0, [""] * len(prompts)
@@ -575,7 +585,8 @@ def main() -> int:
     parser.add_argument("--vllm-impl", action="append", choices=["auto", "transformers"],
                         help="vLLM's ways (default: both)")
     parser.add_argument("--setting", action="append", default=None,
-                        help="Executor settings (JSON) besides the defaults ('none': the defaults alone); default: "
+                        help="Executor settings (JSON) besides the defaults ('none': the defaults alone; "
+                        "'env': variables set while it starts); default: "
                         + " ".join(SETTINGS))
     parser.add_argument("--device", default="cpu",
                         help="where codeferry's ways and the plain loop run (cpu, cuda); "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,10 @@ def test_every_worker_loads_and_builds(method: str, tmp_path: Path) -> None:
                                                           cpus=shape["cpus"])
     assert f"layout   codeferry run here: {shape['workers']} worker" in render_doctor(report)
     assert shape["reason"] in render_doctor(report)
+    usable = sorted(os.sched_getaffinity(0))
+    if shape["workers"] * shape["threads"] <= len(usable):  # each on cores of its own
+        assert sorted(c for cores in shape["cores"] for c in cores) == usable[
+            :shape["workers"] * shape["threads"]] and "binds each" in shape["reason"]
 
 
 def test_a_worker_error_arrives_typed_with_the_workers_traceback(tmp_path: Path) -> None:

@@ -75,6 +75,24 @@ def test_only_local_cpu_workers_bind_and_the_setting_turns_it_off(
                                                        bound=True)
 
 
+def test_a_worker_binds_to_its_cores_and_runs_unbound_where_the_os_refuses_them() -> None:
+    """In a process of its own (a binding is for good): cores that do not exist (a cpuset
+    changed after the parent looked) leave it on every core; its own core, on that one."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    usable = sorted(os.sched_getaffinity(0))
+    code = ("import json, os\nfrom codeferry._exec.engines.hf_engine import bind_cores\n"
+            "now = lambda: sorted(os.sched_getaffinity(0))\n"
+            f"refused = bind_cores((10**6,)); after = now(); bound = bind_cores(({usable[-1]},))\n"
+            "print(json.dumps([refused, after, bound, now()]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120).stdout
+    assert json.loads(out) == [[], usable, [usable[-1]], [usable[-1]]]
+
+
 @pytest.mark.parametrize(("workers", "threads"), [(0, None), (-1, None), (None, 0)])
 def test_counts_below_one_are_refused(workers: int | None, threads: int | None) -> None:
     with pytest.raises(ValueError, match="at least 1"):
@@ -99,7 +117,7 @@ def test_vllm_workers_of_one_machine_divide_half_its_free_memory(
     from codeferry._exec.generate.packing import available_bytes
 
     def spec(device: str = "cpu", sharing: int = 2, **options: float) -> SimpleNamespace:
-        return SimpleNamespace(device=device, sharing=sharing,
+        return SimpleNamespace(device=device, place=SimpleNamespace(sharing=sharing),
                                engine=SimpleNamespace(vllm_options=tuple(options.items())))
 
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)

@@ -32,7 +32,7 @@ from .._trust.decide import record
 from .._trust.options import ModelOptions
 from .batching import batch_limits, estimate_tokens, fixed_batches, grouped_batches, plan_batches
 from .engines.base import Complete, Embed, Rpc, Score, Work
-from .engines.spec import EngineChoice
+from .engines.spec import EngineChoice, Placement
 from .engines.vllm_engine import choose_engine
 from .files import model_context
 from .generate.params import Conversation, GenerateResult, Request, SamplingParams, conversations
@@ -200,7 +200,7 @@ class Executor:
         specs = [WorkerSpec(self.model, plan.for_workers(),
                             device if worker.backend == "ray" else device_for(device, slot),
                             plan.dtype, threads, plan.tasks, self.digest, choice,
-                            code=plan.code_folder, sharing=count, cores=bound[slot])
+                            code=plan.code_folder, place=Placement(count, bound[slot]))
                  for slot in range(count)]
         transport: Transport
         if worker.backend == "ray":

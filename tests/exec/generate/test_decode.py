@@ -283,7 +283,7 @@ def test_executor_defaults_decode_in_workers_with_generates_tokens(
         # two workers on a CPU machine (layout.py), their Linear layers packed (packing.py)
         assert len(ex.worker_info) == min(2, len(os.sched_getaffinity(0)))
         # each worker's upcast copies must fit beside those of the others starting with it
-        assert [s.sharing for s in ex._scheduler.specs] == [len(ex.worker_info)] * len(
+        assert [s.place.sharing for s in ex._scheduler.specs] == [len(ex.worker_info)] * len(
             ex.worker_info)
         assert ex.worker_info[0]["generate_path"] == "decode", ex.worker_info[0]
         assert ex.worker_info[0]["packed_linears"] == 2 * 7 + 1, ex.worker_info[0]

@@ -18,10 +18,23 @@ from ..generate.params import GenerateResult, Request, SamplingParams
 from .base import Complete
 from .spec import WorkerSpec
 
-__all__ = ["GENERATING_HEADS", "TransformersEngine"]
+__all__ = ["GENERATING_HEADS", "TransformersEngine", "bind_cores"]
 
 #: The ``auto_map`` keys that may generate, in the order a worker looks for one.
 GENERATING_HEADS = ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoModel")
+
+
+def bind_cores(cores: tuple[int, ...]) -> tuple[int, ...]:
+    """Bind this thread, and the threads it starts from now on, to ``cores`` (a worker, before
+    torch starts its own); the cores it then runs on, or none when there were none to bind
+    to or the OS refused them (a cpuset changed since the parent looked): every core."""
+    if not cores:
+        return ()
+    try:
+        os.sched_setaffinity(0, cores)
+    except (OSError, ValueError):
+        return ()
+    return tuple(sorted(os.sched_getaffinity(0)))
 
 
 class TransformersEngine:
@@ -34,8 +47,8 @@ class TransformersEngine:
         from ..._load import load_pinned, load_with
 
         hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # load reports of heads a task does not use
-        if spec.cores:  # its own cores (``layout.cores``), before torch starts its threads
-            os.sched_setaffinity(0, spec.cores)
+        #: The cores it is bound to (``layout.cores``), before torch starts its threads.
+        self.cores = bind_cores(spec.place.cores)
         torch.set_num_threads(max(1, spec.threads))
         self.spec = spec
         self.models: dict[str, Any] = {}
@@ -124,7 +137,7 @@ class TransformersEngine:
         if self.spec.device.split(":")[0] == "cpu" and _settings.cpu_pack_enabled():
             from ..generate.packing import pack_linears
 
-            self.packed[key] = pack_linears(self.models[key], sharing=self.spec.sharing)
+            self.packed[key] = pack_linears(self.models[key], sharing=self.spec.place.sharing)
         if kind == "generate":
             from ..generate.stream import choose
 
@@ -145,7 +158,7 @@ class TransformersEngine:
         temperature = getattr(getattr(model, "generation_config", None), "temperature", None)
         return {"classes": sorted(self.classes), "generate_path": path, "generate_reason": why,
                 "packed_linears": sum(self.packed.values()), "engine": "transformers",
-                "temperature": temperature, "cores": list(self.spec.cores)}
+                "temperature": temperature, "cores": list(self.cores)}
 
     def _encode(self, texts: Sequence[str], *, left: bool, model: Any) -> tuple[Any, Any]:
         """Model inputs (only those ``forward`` takes), and the attention mask."""

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from ..._sandbox.policy import Request
     from ..._trust.options import ModelOptions
 
-__all__ = ["EngineChoice", "WorkerSpec"]
+__all__ = ["EngineChoice", "Placement", "WorkerSpec"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,18 @@ class EngineChoice:
     #: (``workers.release``, made on each machine) comes first on the worker's path;
     #: ``None``: the installed transformers.
     release: str | None = None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How a worker shares its machine with the executor's other workers there."""
+
+    #: How many of them may build their models on it at once: they share its free memory
+    #: (``packing.pack_linears``' float32 copies, vLLM's cache).
+    sharing: int = 1
+    #: The cores the worker binds itself to (``layout.cores``); empty: every core this
+    #: process may use.
+    cores: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -58,9 +70,4 @@ class WorkerSpec:
     #: here, the config, tokenizer and weights read from ``model`` with them.
     #: ``None``: ``model``'s own code.
     code: str | None = None
-    #: How many of the executor's workers may build their models on one machine at once:
-    #: they share its free memory (``packing.pack_linears``' float32 copies).
-    sharing: int = 1
-    #: The cores the worker binds itself to (``layout.cores``); empty: every core this
-    #: process may use.
-    cores: tuple[int, ...] = ()
+    place: Placement = Placement()

@@ -247,7 +247,7 @@ def _memory_share(spec: Any) -> dict[str, float]:
             _settings.vllm_cache_size_set()):
         return {}
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return {"gpu_memory_utilization": round(free / 2 / max(1, spec.sharing) / total, 3)}
+    return {"gpu_memory_utilization": round(free / 2 / max(1, spec.place.sharing) / total, 3)}
 
 
 class VllmEngine:
