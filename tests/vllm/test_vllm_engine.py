@@ -141,11 +141,16 @@ def test_codeferry_run_records_the_vllm_engine_and_refuses_a_resume_by_another(
     assert run["untouched"]
 
 
+def alike(one: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Two workers' ``worker_info`` alike but for the cores each is bound to."""
+    return {**one, "cores": None} == {**other, "cores": None}
+
+
 def test_auto_falls_back_to_transformers_with_vllms_reason(report: dict[str, Any]) -> None:
     auto = report["auto_refused"]
     assert auto["engine"] == "auto"
     info = auto["info"][0]
-    assert all(i == info for i in auto["info"]), auto["info"]
+    assert all(alike(i, info) for i in auto["info"]), auto["info"]
     assert info["generate_path"] != "vllm"
     assert "vLLM 0.32" in info["generate_reason"]
     assert "CharlmForCausalLM" in info["generate_reason"]
@@ -157,7 +162,7 @@ def test_auto_keeps_half_precision_off_vllm_on_a_cpu_without_its_instructions(
         report: dict[str, Any]) -> None:
     half = report["auto_half"]
     info = half["info"][0]
-    assert all(i == info for i in half["info"]), half["info"]
+    assert all(alike(i, info) for i in half["info"]), half["info"]
     assert len(half["texts"]) == 1
     if half["native"]:  # a CPU with bfloat16 instructions: vLLM's kernels take it
         assert info["generate_path"] == "vllm", info

@@ -1,4 +1,4 @@
-"""How many workers an executor starts, and how many threads each: one decision.
+"""How many workers an executor starts, how many threads each, and their cores: one decision.
 
 A CPU machine gets two workers (one on a one-core machine), the cores shared between them.
 Decoding reads every weight once per step for all the rows of a batch, so one worker with

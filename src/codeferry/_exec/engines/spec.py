@@ -70,4 +70,5 @@ class WorkerSpec:
     #: here, the config, tokenizer and weights read from ``model`` with them.
     #: ``None``: ``model``'s own code.
     code: str | None = None
+    #: Where it runs beside the executor's other workers on its machine.
     place: Placement = Placement()
