@@ -36,9 +36,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
-#: Every run closes with each test file's CPU seconds (``_cpu_report.py``).
-pytest_plugins = ["_cpu_report"]
-
 from codeferry.testing import (  # noqa: E402 - after the environment above
     HELPER_KINDS,
     LARGEST_SPEC,
