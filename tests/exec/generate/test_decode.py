@@ -18,14 +18,9 @@ from typing import Any
 import pytest
 
 import codeferry
-from codeferry._exec.generate.decode import (
-    Engine,
-    RowOptions,
-    blocks,
-    decode,
-    rows_for,
-    supports,
-)
+from codeferry._exec.generate.calling import supports
+from codeferry._exec.generate.cuts import blocks
+from codeferry._exec.generate.decode import Engine, RowOptions, decode, rows_for
 from codeferry._exec.generate.stream import _follows, probe
 
 EOS = 108  # a token this model's greedy outputs reach, at different positions
@@ -256,6 +251,43 @@ def test_cache_moves_keep_the_rows_and_zero_only_the_padding() -> None:
         long.resize([0, 2, 3], 1, 11)
         assert torch.equal(long.keys, before[[0, 2, 3], :, 1:])
         assert long.kbuf.shape[-2] == 11
+
+
+def test_a_first_fill_in_runs_writes_every_run_into_one_buffer(model: Any) -> None:
+    """Prompts of very different lengths are prefilled in several runs; the later runs write
+    their keys and values into the first run's buffer, right-aligned, their left padding
+    zeroed (over memory full of NaN), so nothing is copied; every row gives ``generate``'s
+    tokens."""
+    import torch
+
+    from codeferry._exec.generate.cuts import prefill_runs
+
+    g = torch.Generator().manual_seed(3)
+    batch = [torch.randint(8, 120, (k,), generator=g).tolist() for k in (40, 3, 25, 2, 33, 9, 17, 5)]
+    assert len(prefill_runs(sorted(map(len, batch), reverse=True))) > 2
+    options = [RowOptions(6 + i, (EOS, 70)) for i in range(len(batch))]
+    engine = Engine(model, pad_token_id=0)
+    engine.add(batch, options)
+
+    def copied(*args: Any) -> None:
+        raise AssertionError("a run of the first fill was copied into the batch")
+
+    engine.batch.layer.append_rows = copied
+    _poison()
+    with torch.inference_mode():
+        engine.step()  # the first fill
+        layers = engine.batch.cache.layers
+        assert all(layer.kbuf.shape[0] == len(batch) and layer.keys.shape[0] == len(batch)
+                   and layer.length == 40 for layer in layers)
+        for at, row in enumerate(engine.batch.rows):  # longest first: each row's own padding
+            pad = 40 - len(batch[row])
+            assert not layers[0].kbuf[at, :, :pad].any() and not layers[0].vbuf[at, :, :pad].any()
+            assert not layers[0].kbuf[at, :, pad:40].isnan().any()
+        outputs: list[list[int]] = []
+        while engine.busy:
+            for _, rows in engine.step():
+                outputs = rows
+    assert outputs == [generated(model, p, o) for p, o in zip(batch, options, strict=True)]
 
 
 def llama_folder(path: Any) -> tuple[Any, Any]:

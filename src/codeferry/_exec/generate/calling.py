@@ -11,7 +11,8 @@ spellings the signature lists first, so one forward usually suffices) and takes 
 under which the model writes into the cache it was given; a keep keyword counts only where
 the logits come back one position long. ``input_ids``, ``attention_mask`` and
 ``position_ids`` keep their names on every release; whether a model honours them (left
-padding, rows joining) is the worker's probe's to say (``stream.probe``).
+padding, rows joining) is the worker's probe's to say (``stream.probe``). Before any
+forward, ``supports`` says whether the loop's cache fits the model's layers at all.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CACHE_WORDS", "KEEP_WORDS", "Calling", "calling"]
+__all__ = ["CACHE_WORDS", "KEEP_WORDS", "Calling", "calling", "supports"]
 
 #: The keywords transformers' forwards have taken the cache in, newest first, and those
 #: that cut the logits to the last positions.
@@ -99,3 +100,19 @@ def _try(model: Any, ids: Any, word: str,
             return None
         return options, keep is None or out.logits.shape[1] == 1
     return failure
+
+
+def supports(model: Any) -> str | None:
+    """``None`` when the loop's cache fits ``model`` (plain full-attention layers); otherwise
+    why not. Whether the loop then drives it is ``calling``'s and the probe's to say."""
+    try:
+        from transformers.cache_utils import DynamicCache, DynamicLayer
+    except ImportError:
+        return "this transformers has no layered cache (cache_utils.DynamicLayer)"
+    try:
+        cache = DynamicCache(config=model.config)
+    except Exception as exc:  # noqa: BLE001 - a config transformers cannot build a cache for
+        return f"no cache for its config: {type(exc).__name__}: {exc}"
+    if any(type(layer) is not DynamicLayer for layer in cache.layers):
+        return "its cache is not plain full attention (sliding windows or states)"
+    return None

@@ -2,14 +2,15 @@
 
 Two cuts of one kind: a list of values split into consecutive runs, each run costing its
 length times its largest value plus a fixed cost for the run itself (one more attention
-call, one more forward). ``runs`` finds the cut that costs least.
+call, one more forward). ``runs`` finds the cut that costs least. And the rows a compaction
+keeps, as runs of consecutive rows it copies with one slice each (``blocks``).
 """
 
 from __future__ import annotations
 
 import functools
 
-__all__ = ["CALL_COLUMNS", "CALL_TOKENS", "prefill_runs", "runs", "spans"]
+__all__ = ["CALL_COLUMNS", "CALL_TOKENS", "blocks", "prefill_runs", "runs", "spans"]
 
 #: What one more attention call costs, in cache columns of one row (``spans``), and one
 #: more prefill forward, in prompt tokens (``prefill_runs``): a call's fixed cost (weights
@@ -59,3 +60,17 @@ def prefill_runs(lengths: list[int]) -> tuple[tuple[int, int], ...]:
     own longest prompt, not to the longest of all (on the benchmark's prompts of 6 to 51
     tokens, padding was two thirds of one prefill's tokens)."""
     return runs(tuple(lengths), CALL_TOKENS)
+
+
+def blocks(rows: list[int]) -> list[tuple[int, int, int]]:
+    """``rows`` (increasing) as runs of consecutive rows: ``(first, end, where)`` each, rows
+    ``first..end`` of the old buffer landing at row ``where`` of the new one. Copying a run is
+    one slice copy; indexing rows with a list copies them twice (a gathered temporary first)."""
+    out: list[tuple[int, int, int]] = []
+    for at, row in enumerate(rows):
+        if out and out[-1][1] == row:
+            first, _, where = out[-1]
+            out[-1] = (first, row + 1, where)
+        else:
+            out.append((row, row + 1, at))
+    return out

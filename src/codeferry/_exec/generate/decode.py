@@ -10,7 +10,9 @@ model's ``forward`` itself:
 
 - a prefill of a group of left-padded prompts computes logits for the last position only
   (``logits_to_keep=1``), then every step feeds one token per row; the prompts are prefilled
-  in groups of like lengths (``prefill_runs``), each padded to its own longest;
+  in groups of like lengths (``prefill_runs``), each padded to its own longest, a first
+  fill's groups written into one buffer (merging each group in copied the whole cache once
+  a group: a fifth of a 64-prompt prefill's time);
 - the cache is ``_Layer``: per layer one preallocated buffer, written in place, its
   capacity the longest row's prompt plus its remaining new tokens; for a model whose
   attention ``attention.enable`` switched, in float32 (faster on CPU for half precision),
@@ -27,7 +29,7 @@ greedy or sampled (temperature, top-k, top-p, seed), structured output (its own 
 matcher masks its logits: ``structured.py``). Greedy rows give ``generate``'s tokens
 (positions from the attention mask as ``generate`` computes them, float32 argmax);
 ``tests/exec/generate/test_decode.py`` checks it token for token. A model whose cache is not plain
-full attention (sliding windows, states) is not run here: ``supports`` says so, and the
+full attention (sliding windows, states) is not run here: ``calling.supports`` says so, and the
 worker's probe (``stream.probe``) compares the loop with ``generate`` on the model itself
 before taking it.
 
@@ -35,7 +37,7 @@ What the loop relies on in transformers, each decided by what the model does, no
 names of its parameters (releases rename them: 5.25's forwards take ``cache``, not
 ``past_key_values``): the keywords the cache and ``logits_to_keep`` go in (``calling.py``:
 a two-token forward per spelling transformers has used, once per model); the layered cache (``DynamicCache(config=...)``, its
-``DynamicLayer``s, which ``_Layer`` extends: ``supports`` refuses a transformers without
+``DynamicLayer``s, which ``_Layer`` extends: ``calling.supports`` refuses a transformers without
 them, and any other cache layer kind); the rest (``attention_mask``, ``position_ids``) the
 probe decides: tokens equal to ``generate``'s, rows leaving and joining.
 """
@@ -47,9 +49,9 @@ from typing import Any
 
 from .attention import SPANS, cache_dtype
 from .calling import Calling, calling
-from .cuts import prefill_runs, spans
+from .cuts import blocks, prefill_runs, spans
 
-__all__ = ["Engine", "RowOptions", "decode", "ids", "rows_for", "supports"]
+__all__ = ["Engine", "RowOptions", "decode", "ids", "rows_for"]
 
 #: Rows decoded together at most, and the KV-cache bytes they may hold (CPU defaults).
 MAX_ROWS, KV_BUDGET = 64, 1 << 30
@@ -78,22 +80,6 @@ def ids(value: Any) -> tuple[int, ...]:
     return (int(value),) if isinstance(value, int) else tuple(int(v) for v in value)
 
 
-def supports(model: Any) -> str | None:
-    """``None`` when the loop's cache fits ``model`` (plain full-attention layers); otherwise
-    why not. Whether the loop then drives it is ``calling``'s and the probe's to say."""
-    try:
-        from transformers.cache_utils import DynamicCache, DynamicLayer
-    except ImportError:
-        return "this transformers has no layered cache (cache_utils.DynamicLayer)"
-    try:
-        cache = DynamicCache(config=model.config)
-    except Exception as exc:  # noqa: BLE001 - a config transformers cannot build a cache for
-        return f"no cache for its config: {type(exc).__name__}: {exc}"
-    if any(type(layer) is not DynamicLayer for layer in cache.layers):
-        return "its cache is not plain full attention (sliding windows or states)"
-    return None
-
-
 def rows_for(model: Any, longest: int, kv_budget: int = KV_BUDGET,
              max_rows: int = MAX_ROWS) -> int:
     """Rows decoded together: ``max_rows``, fewer when their cache, ``longest`` positions a
@@ -105,20 +91,6 @@ def rows_for(model: Any, longest: int, kv_budget: int = KV_BUDGET,
     size = stored.itemsize if stored is not None else next(model.parameters()).element_size()
     per_row = 2 * int(config.num_hidden_layers) * heads * dim * size * max(1, longest)
     return int(max(1, min(max_rows, kv_budget // per_row)))
-
-
-def blocks(rows: list[int]) -> list[tuple[int, int, int]]:
-    """``rows`` (increasing) as runs of consecutive rows: ``(first, end, where)`` each, rows
-    ``first..end`` of the old buffer landing at row ``where`` of the new one. Copying a run is
-    one slice copy; indexing rows with a list copies them twice (a gathered temporary first)."""
-    out: list[tuple[int, int, int]] = []
-    for at, row in enumerate(rows):
-        if out and out[-1][1] == row:
-            first, _, where = out[-1]
-            out[-1] = (first, row + 1, where)
-        else:
-            out.append((row, row + 1, at))
-    return out
 
 
 def _layer_class() -> Any:
@@ -136,6 +108,9 @@ def _layer_class() -> Any:
         capacity = 0
         #: The dtype keys and values are stored in (``attention.cache_dtype``), else theirs.
         store: Any = None
+        #: Rows the buffer is made for when its first update brings fewer (a first fill's
+        #: runs share one buffer, ``share``), and where this layer writes: first row, column.
+        rows, at = 0, (0, 0)
 
         def update(self, key_states: Any, value_states: Any, *args: Any,
                    **kwargs: Any) -> tuple[Any, Any]:
@@ -143,18 +118,30 @@ def _layer_class() -> Any:
                 self.dtype, self.device = self.store or key_states.dtype, key_states.device
                 self.is_initialized = True
                 self.length = 0
-                shape = (*key_states.shape[:2], max(self.capacity, key_states.shape[-2]),
-                         key_states.shape[-1])
+                shape = (max(self.rows, key_states.shape[0]), key_states.shape[1],
+                         max(self.capacity, key_states.shape[-2]), key_states.shape[-1])
                 self.kbuf = torch.empty(shape, dtype=self.dtype, device=self.device)
                 self.vbuf = torch.empty(shape, dtype=self.dtype, device=self.device)
-            end = self.length + key_states.shape[-2]
+            (row, column), rows = self.at, key_states.shape[0]
+            first, end = column + self.length, column + self.length + key_states.shape[-2]
             if end > self.kbuf.shape[-2]:  # past the capacity planned: grow by half
                 self.resize(list(range(self.kbuf.shape[0])), 0, end + end // 2)
-            self.kbuf[:, :, self.length:end] = key_states
-            self.vbuf[:, :, self.length:end] = value_states
-            self.length = end
-            self.keys, self.values = self.kbuf[:, :, :end], self.vbuf[:, :, :end]
+            if column and not self.length:  # a shared buffer's left padding (``share``)
+                self.kbuf[row:row + rows, :, :column].zero_()
+                self.vbuf[row:row + rows, :, :column].zero_()
+            self.kbuf[row:row + rows, :, first:end] = key_states
+            self.vbuf[row:row + rows, :, first:end] = value_states
+            self.length = end - column
+            self.keys = self.kbuf[row:row + rows, :, column:end]
+            self.values = self.vbuf[row:row + rows, :, column:end]
             return self.keys, self.values
+
+        def share(self, owner: Any, row: int, column: int) -> None:
+            """Write into ``owner``'s buffer from ``row``, right-aligned at ``column``, its left
+            padding zeroed: a first fill's later runs land in place, with nothing to copy."""
+            self.kbuf, self.vbuf, self.at, self.length = owner.kbuf, owner.vbuf, (row, column), 0
+            self.dtype, self.device, self.is_initialized = owner.dtype, owner.device, True
+            self.keys, self.values = self.kbuf[:0], self.vbuf[:0]  # empty: no columns yet
 
         def _new(self, rows: int, capacity: int) -> tuple[Any, Any]:
             shape = (rows, self.kbuf.shape[1], capacity, self.kbuf.shape[3])
@@ -208,20 +195,26 @@ class _Batch:
         self.last: Any = None      # [rows, 1]: the token each row feeds next
         self.rows: list[int] = []  # the request index of each row
         self.done: list[bool] = []
+        self.fill = 0  # the rows of a first fill in runs, longest first: one buffer for all
 
-    def new_cache(self, capacity: int) -> Any:
-        return _new_cache(self.model, self.layer, capacity, self.store)
+    def new_cache(self, capacity: int, rows: int = 0) -> Any:
+        return _new_cache(self.model, self.layer, capacity, self.store, rows)
 
     def prefill(self, prompts: list[list[int]], indices: list[int], pad: int,
                 capacity: int, keep: bool) -> Any:
-        """Run ``prompts`` (left-padded), join them to the batch; the last logits, float32."""
+        """Run ``prompts`` (left-padded), join them to the batch; the last logits, float32.
+        A first fill's runs share its first run's buffer; later prompts are appended."""
         import torch
 
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
         position = (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 1)
-        cache = self.new_cache(capacity if self.cache is None else width)
+        shared = self.cache is not None and len(self.rows) < self.fill
+        cache = self.new_cache(capacity, self.fill) if self.cache is None else self.new_cache(width)
+        if shared:
+            for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
+                theirs.share(mine, len(self.rows), self.mask.shape[1] - width)
         call = self.call
         kwargs = {call.keep: 1} if keep and call.keep else {}
         out = self.model(input_ids=ids.to(self.model.device),
@@ -235,7 +228,10 @@ class _Batch:
         else:
             grown = max(self.mask.shape[1], width)
             for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
-                mine.append_rows(theirs, max(capacity, mine.kbuf.shape[-2]))
+                if not shared:
+                    mine.append_rows(theirs, max(capacity, mine.kbuf.shape[-2]))
+                elif len(self.rows) + len(indices) == self.fill:  # the last run: every row
+                    mine._use((mine.kbuf, mine.vbuf), mine.length)
             self.mask = torch.cat([_pad_left(self.mask, grown), _pad_left(mask, grown)])
             self.position = torch.cat([self.position, last])
         self.rows += indices
@@ -278,14 +274,15 @@ class _Batch:
         return out.logits[:, -1, :].float()
 
 
-def _new_cache(model: Any, layer: Any, capacity: int, store: Any) -> Any:
-    """A ``DynamicCache`` for ``model`` whose layers are ``layer``s (``_Layer``)."""
+def _new_cache(model: Any, layer: Any, capacity: int, store: Any, rows: int = 0) -> Any:
+    """A ``DynamicCache`` for ``model`` whose layers are ``layer``s (``_Layer``), their
+    buffers made for ``rows`` rows at least."""
     from transformers.cache_utils import DynamicCache
 
     cache = DynamicCache(config=model.config)
     layers = [layer() for _ in cache.layers]
     for one in layers:
-        one.capacity, one.store = capacity, store
+        one.capacity, one.store, one.rows = capacity, store, rows
     cache.layers = layers
     return cache
 
@@ -434,6 +431,7 @@ class Engine:
             capacity = max(len(self.prompts[i]) + self.options[i].max_new_tokens
                            - len(self.outputs[i]) for i in present) + (
                                batch.mask.shape[1] if batch.rows else 0)
+            batch.fill = 0 if batch.rows else len(group)
             for a, b in prefill_runs([len(self.prompts[i]) for i in group]):
                 part = group[a:b]
                 logits = batch.prefill([self.prompts[i] for i in part], part, self.pad,
@@ -442,6 +440,7 @@ class Engine:
                 last = torch.tensor(tokens).unsqueeze(-1)
                 batch.last = last if batch.last is None else torch.cat([batch.last, last])
                 self._record(tokens, offset=len(batch.rows) - len(part))
+            batch.fill = 0
         elif batch.rows:
             # ended rows leave in runs, or at once when their group was handed back (``_finish``)
             if sum(batch.done) * 8 >= len(batch.rows) or any(r not in self.options for r in batch.rows):

@@ -12,7 +12,7 @@ not do (``complete.loop_rows``: ``n`` above 1, logprobs, penalties or ``min_p``)
 by ``complete`` on its plan, once the stream has drained.
 
 The choice reads no parameter name and no transformers version: the loop's cache must fit
-(``decode.supports``: layer kinds), its keywords are those the model's forward writes the
+(``calling.supports``: layer kinds), its keywords are those the model's forward writes the
 cache under (``calling.py``), and ``probe`` compares its tokens with ``generate``'s.
 """
 
@@ -22,9 +22,9 @@ from typing import Any
 
 from ... import _settings
 from .attention import disable, enable
-from .calling import calling
+from .calling import calling, supports
 from .complete import Planned, Planner, Requests, loop_rows, plan
-from .decode import Engine, RowOptions, decode, ids, supports
+from .decode import Engine, RowOptions, decode, ids
 from .generation import choose_path
 
 __all__ = ["Stream", "choose", "probe"]
