@@ -253,41 +253,53 @@ def test_cache_moves_keep_the_rows_and_zero_only_the_padding() -> None:
         assert long.kbuf.shape[-2] == 11
 
 
-def test_a_first_fill_in_runs_writes_every_run_into_one_buffer(model: Any) -> None:
-    """Prompts of very different lengths are prefilled in several runs; the later runs write
-    their keys and values into the first run's buffer, right-aligned, their left padding
-    zeroed (over memory full of NaN), so nothing is copied; every row gives ``generate``'s
-    tokens."""
+def test_a_fill_in_runs_writes_every_run_into_one_buffer(model: Any) -> None:
+    """Prompts of very different lengths are prefilled in several runs; the runs write their
+    keys and values into one buffer, right-aligned, their left padding zeroed (over memory
+    full of NaN): a first fill copies nothing, and a group joining a running batch is copied
+    into it once, not once a run. Every row gives ``generate``'s tokens."""
     import torch
 
     from codeferry._exec.generate.cuts import prefill_runs
 
     g = torch.Generator().manual_seed(3)
-    batch = [torch.randint(8, 120, (k,), generator=g).tolist() for k in (40, 3, 25, 2, 33, 9, 17, 5)]
-    assert len(prefill_runs(sorted(map(len, batch), reverse=True))) > 2
-    options = [RowOptions(6 + i, (EOS, 70)) for i in range(len(batch))]
+    lengths = [(40, 3, 25, 2, 33, 9, 17, 5), (30, 2, 21, 4, 12)]
+    first, second = ([torch.randint(8, 120, (k,), generator=g).tolist() for k in group]
+                     for group in lengths)
+    assert all(len(prefill_runs(sorted(group, reverse=True))) > 2 for group in lengths)
+    long = [RowOptions(30, (EOS,), min_new_tokens=30) for _ in first]
+    short = [RowOptions(4 + i, (EOS, 70)) for i in range(len(second))]
     engine = Engine(model, pad_token_id=0)
-    engine.add(batch, options)
+    joined: list[int] = []
+    append_rows = engine.batch.layer.append_rows
 
-    def copied(*args: Any) -> None:
-        raise AssertionError("a run of the first fill was copied into the batch")
+    def copied(layer: Any, other: Any, capacity: int) -> None:
+        joined.append(other.kbuf.shape[0])
+        append_rows(layer, other, capacity)
 
     engine.batch.layer.append_rows = copied
+    a = engine.add(first, long)
     _poison()
+    ended: list[tuple[int, list[list[int]]]] = []
     with torch.inference_mode():
-        engine.step()  # the first fill
+        engine.step()  # the first fill: no copy
         layers = engine.batch.cache.layers
-        assert all(layer.kbuf.shape[0] == len(batch) and layer.keys.shape[0] == len(batch)
-                   and layer.length == 40 for layer in layers)
+        assert not joined and all(layer.kbuf.shape[0] == len(first) == layer.keys.shape[0]
+                                  and layer.length == 40 for layer in layers)
         for at, row in enumerate(engine.batch.rows):  # longest first: each row's own padding
-            pad = 40 - len(batch[row])
+            pad = 40 - len(first[row])
             assert not layers[0].kbuf[at, :, :pad].any() and not layers[0].vbuf[at, :, :pad].any()
             assert not layers[0].kbuf[at, :, pad:40].isnan().any()
-        outputs: list[list[int]] = []
+        ended += engine.step()
+        b = engine.add(second, short)
+        _poison()
+        ended += engine.step()  # the second group joins, in runs: copied in once a layer
+        assert joined == [len(second)] * len(layers)
         while engine.busy:
-            for _, rows in engine.step():
-                outputs = rows
-    assert outputs == [generated(model, p, o) for p, o in zip(batch, options, strict=True)]
+            ended += engine.step()
+    outputs = dict(ended)
+    assert outputs[a] == [generated(model, p, o) for p, o in zip(first, long, strict=True)]
+    assert outputs[b] == [generated(model, p, o) for p, o in zip(second, short, strict=True)]
 
 
 def llama_folder(path: Any) -> tuple[Any, Any]:

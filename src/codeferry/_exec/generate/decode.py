@@ -51,7 +51,7 @@ from .attention import SPANS, cache_dtype
 from .calling import Calling, calling
 from .cuts import blocks, prefill_runs, spans
 
-__all__ = ["Engine", "RowOptions", "decode", "ids", "rows_for"]
+__all__ = ["Engine", "RowOptions", "decode", "rows_for"]
 
 #: Rows decoded together at most, and the KV-cache bytes they may hold (CPU defaults).
 MAX_ROWS, KV_BUDGET = 64, 1 << 30
@@ -72,12 +72,6 @@ class RowOptions:
     seed: int | None = None
     #: What the text must match (``structured.StructuredOutput``; its matcher masks the row).
     structured: Any = None
-
-
-def ids(value: Any) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    return (int(value),) if isinstance(value, int) else tuple(int(v) for v in value)
 
 
 def rows_for(model: Any, longest: int, kv_budget: int = KV_BUDGET,
@@ -108,8 +102,7 @@ def _layer_class() -> Any:
         capacity = 0
         #: The dtype keys and values are stored in (``attention.cache_dtype``), else theirs.
         store: Any = None
-        #: Rows the buffer is made for when its first update brings fewer (a first fill's
-        #: runs share one buffer, ``share``), and where this layer writes: first row, column.
+        #: Rows to make the buffer for (a fill's runs ``share`` it), where this layer writes.
         rows, at = 0, (0, 0)
 
         def update(self, key_states: Any, value_states: Any, *args: Any,
@@ -126,20 +119,18 @@ def _layer_class() -> Any:
             first, end = column + self.length, column + self.length + key_states.shape[-2]
             if end > self.kbuf.shape[-2]:  # past the capacity planned: grow by half
                 self.resize(list(range(self.kbuf.shape[0])), 0, end + end // 2)
-            if column and not self.length:  # a shared buffer's left padding (``share``)
-                self.kbuf[row:row + rows, :, :column].zero_()
-                self.vbuf[row:row + rows, :, :column].zero_()
             self.kbuf[row:row + rows, :, first:end] = key_states
             self.vbuf[row:row + rows, :, first:end] = value_states
             self.length = end - column
-            self.keys = self.kbuf[row:row + rows, :, column:end]
-            self.values = self.vbuf[row:row + rows, :, column:end]
+            self.keys, self.values = (b[row:row + rows, :, column:end] for b in (self.kbuf, self.vbuf))
             return self.keys, self.values
 
-        def share(self, owner: Any, row: int, column: int) -> None:
-            """Write into ``owner``'s buffer from ``row``, right-aligned at ``column``, its left
-            padding zeroed: a first fill's later runs land in place, with nothing to copy."""
+        def share(self, owner: Any, row: int, rows: int, column: int) -> None:
+            """Write ``rows`` rows into ``owner``'s buffer from ``row``, right-aligned at
+            ``column``: the columns before it are left padding, zeroed."""
             self.kbuf, self.vbuf, self.at, self.length = owner.kbuf, owner.vbuf, (row, column), 0
+            for buffer in (self.kbuf, self.vbuf):
+                buffer[row:row + rows, :, :column].zero_()
             self.dtype, self.device, self.is_initialized = owner.dtype, owner.device, True
             self.keys, self.values = self.kbuf[:0], self.vbuf[:0]  # empty: no columns yet
 
@@ -195,48 +186,62 @@ class _Batch:
         self.last: Any = None      # [rows, 1]: the token each row feeds next
         self.rows: list[int] = []  # the request index of each row
         self.done: list[bool] = []
-        self.fill = 0  # the rows of a first fill in runs, longest first: one buffer for all
+        self.fill = 0  # the rows of a fill (``Engine.step``) prefilled in runs, longest first
+        self.fresh: list[Any] = []  # its buffer, then each run's mask and next positions
 
     def new_cache(self, capacity: int, rows: int = 0) -> Any:
         return _new_cache(self.model, self.layer, capacity, self.store, rows)
 
     def prefill(self, prompts: list[list[int]], indices: list[int], pad: int,
                 capacity: int, keep: bool) -> Any:
-        """Run ``prompts`` (left-padded), join them to the batch; the last logits, float32.
-        A first fill's runs share its first run's buffer; later prompts are appended."""
+        """Run ``prompts`` (left-padded), a run of a fill of ``fill`` rows, longest first; the
+        last logits, float32. A fill's runs write into one buffer (its layers' ``share``), joined
+        to the batch once, after its last run (``_join``), not copied in once a run."""
         import torch
 
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
         position = (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 1)
-        shared = self.cache is not None and len(self.rows) < self.fill
-        cache = self.new_cache(capacity, self.fill) if self.cache is None else self.new_cache(width)
-        if shared:
-            for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
-                theirs.share(mine, len(self.rows), self.mask.shape[1] - width)
+        if not self.fresh:  # the fill's first run, its longest prompts: the buffer
+            self.fresh = [cache := self.new_cache(capacity if self.cache is None else width,
+                                                  self.fill)]
+        else:
+            cache, (owner, *runs) = self.new_cache(width), self.fresh
+            for mine, theirs in zip(owner.layers, cache.layers, strict=True):
+                theirs.share(mine, sum(len(m) for m, _ in runs), len(prompts),
+                             owner.layers[0].length - width)
         call = self.call
         kwargs = {call.keep: 1} if keep and call.keep else {}
         out = self.model(input_ids=ids.to(self.model.device),
                          attention_mask=mask.to(self.model.device),
                          position_ids=position.to(self.model.device),
                          **{call.cache: cache}, **call.options, **kwargs)
-        logits = out.logits[:, -1, :].float()
-        last = mask.sum(-1, keepdim=True)
-        if self.cache is None:
-            self.cache, self.mask, self.position = cache, mask, last
-        else:
-            grown = max(self.mask.shape[1], width)
-            for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
-                if not shared:
-                    mine.append_rows(theirs, max(capacity, mine.kbuf.shape[-2]))
-                elif len(self.rows) + len(indices) == self.fill:  # the last run: every row
-                    mine._use((mine.kbuf, mine.vbuf), mine.length)
-            self.mask = torch.cat([_pad_left(self.mask, grown), _pad_left(mask, grown)])
-            self.position = torch.cat([self.position, last])
+        self.fresh.append((mask, mask.sum(-1, keepdim=True)))
         self.rows += indices
         self.done += [False] * len(indices)
-        return logits
+        if sum(len(m) for m, _ in self.fresh[1:]) == self.fill:
+            self._join(capacity)
+        return out.logits[:, -1, :].float()
+
+    def _join(self, capacity: int) -> None:
+        """The fill's buffer becomes the batch's cache, or joins it below its rows."""
+        import torch
+
+        fresh, *runs = self.fresh
+        self.fresh, width = [], fresh.layers[0].length
+        for layer in fresh.layers:  # every row of the fill, not only its first run's
+            layer._use((layer.kbuf, layer.vbuf), layer.length)
+        mask = torch.cat([_pad_left(m, width) for m, _ in runs])
+        last = torch.cat([p for _, p in runs])
+        if self.cache is None:
+            self.cache, self.mask, self.position = fresh, mask, last
+            return
+        grown = max(self.mask.shape[1], width)
+        for mine, theirs in zip(self.cache.layers, fresh.layers, strict=True):
+            mine.append_rows(theirs, max(capacity, mine.kbuf.shape[-2]))
+        self.mask = torch.cat([_pad_left(self.mask, grown), _pad_left(mask, grown)])
+        self.position = torch.cat([self.position, last])
 
     def compact(self) -> None:
         """Drop the rows that ended, and the columns only padding fills any more."""
@@ -290,10 +295,7 @@ def _new_cache(model: Any, layer: Any, capacity: int, store: Any, rows: int = 0)
 def _pad_left(mask: Any, width: int) -> Any:
     import torch
 
-    if mask.shape[1] == width:
-        return mask
-    return torch.cat([torch.zeros((mask.shape[0], width - mask.shape[1]), dtype=mask.dtype),
-                      mask], dim=1)
+    return torch.nn.functional.pad(mask, (width - mask.shape[1], 0))  # zeros on the left
 
 
 class _Chooser:
@@ -431,7 +433,7 @@ class Engine:
             capacity = max(len(self.prompts[i]) + self.options[i].max_new_tokens
                            - len(self.outputs[i]) for i in present) + (
                                batch.mask.shape[1] if batch.rows else 0)
-            batch.fill = 0 if batch.rows else len(group)
+            batch.fill = len(group)
             for a, b in prefill_runs([len(self.prompts[i]) for i in group]):
                 part = group[a:b]
                 logits = batch.prefill([self.prompts[i] for i in part], part, self.pad,
@@ -440,7 +442,6 @@ class Engine:
                 last = torch.tensor(tokens).unsqueeze(-1)
                 batch.last = last if batch.last is None else torch.cat([batch.last, last])
                 self._record(tokens, offset=len(batch.rows) - len(part))
-            batch.fill = 0
         elif batch.rows:
             # ended rows leave in runs, or at once when their group was handed back (``_finish``)
             if sum(batch.done) * 8 >= len(batch.rows) or any(r not in self.options for r in batch.rows):
