@@ -10,9 +10,9 @@ model's ``forward`` itself:
 
 - a prefill of a group of left-padded prompts computes logits for the last position only
   (``logits_to_keep=1``), then every step feeds one token per row; the prompts are prefilled
-  in groups of like lengths (``prefill_runs``), each padded to its own longest, a first
-  fill's groups written into one buffer (merging each group in copied the whole cache once
-  a group: a fifth of a 64-prompt prefill's time);
+  in groups of like lengths (``prefill_runs``), each padded to its own longest, all groups
+  of one fill written into one buffer, joined to the batch once (joining each group copied
+  the whole cache once a group: a fifth of a 64-prompt prefill's time);
 - the cache is ``_Layer``: per layer one preallocated buffer, written in place, its
   capacity the longest row's prompt plus its remaining new tokens; for a model whose
   attention ``attention.enable`` switched, in float32 (faster on CPU for half precision),
