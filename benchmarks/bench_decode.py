@@ -10,8 +10,8 @@ The model and prompts are ``bench_generation``'s (a random-weight Llama of ``--s
 end-of-sequence ids chosen so that greedy outputs end at spread lengths, chat-formatted
 prompts of mixed length), prepared as a worker prepares it on CPU: linears packed
 (``_exec/packing.py``), codeferry's attention where it applies (``_exec/attention.py``).
-The revision's ``_exec/decode.py`` is read with ``git show`` and imported beside this one
-(it uses this checkout's ``attention`` and ``cuts``). Run::
+The revision's ``_exec/generate/decode.py`` is read with ``git show`` and imported beside this one
+(it uses this checkout's ``attention``, ``calling`` and ``cuts``). Run::
 
     HF_HUB_OFFLINE=1 python benchmarks/bench_decode.py --against HEAD~1 --size 200m \\
         --prompts 64 --max-new-tokens 256
@@ -37,12 +37,13 @@ import bench_generation as bg  # noqa: E402 - stdlib only at import
 
 
 def revision_loop(revision: str, root: Path) -> Any:
-    """``_exec/decode.py`` at ``revision``, imported as ``codeferry._exec.decode_at``."""
-    source = subprocess.run(["git", "show", f"{revision}:src/codeferry/_exec/decode.py"],
+    """``_exec/generate/decode.py`` at ``revision``, imported beside this checkout's as
+    ``codeferry._exec.generate.decode_at`` (its relative imports resolve there)."""
+    source = subprocess.run(["git", "show", f"{revision}:src/codeferry/_exec/generate/decode.py"],
                             cwd=HERE.parent, check=True, capture_output=True, text=True).stdout
     path = root / "decode_at.py"
     path.write_text(source)
-    name = "codeferry._exec.decode_at"
+    name = "codeferry._exec.generate.decode_at"
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
