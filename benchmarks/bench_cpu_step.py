@@ -312,14 +312,83 @@ def compiled_rows(size: str, widths: list[int], context: int, reps: int) -> None
     print(f"\n20 greedy steps of 16 rows, the same tokens as the first way: {len(same)} of {len(ways)}")
 
 
+def loop_rows(size: str, widths: list[int], new: int, reps: int) -> None:
+    """Tokens/s of one thread's whole decode: codeferry's loop (``decode.Engine``, in this
+    process, prepared as a worker prepares it) and then vLLM's ``LLM`` (its engine's one
+    thread; its engine process polls on the other core), ``n`` prompts of 30 tokens each,
+    exactly ``new`` tokens. vLLM starts once, after codeferry's rounds: not alternated."""
+    import os
+    import tempfile
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from codeferry._exec.generate.attention import enable
+    from codeferry._exec.generate.decode import Engine, RowOptions
+    from codeferry._exec.generate.packing import pack_linears
+
+    hidden, layers = bg.SIZES[size]
+    config = LlamaConfig(vocab_size=bg.VOCAB, hidden_size=hidden, intermediate_size=hidden * 8 // 3,
+                         num_hidden_layers=layers, num_attention_heads=hidden // 64,
+                         num_key_value_heads=hidden // 64, max_position_embeddings=1024,
+                         tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    rates: dict[tuple[str, int], list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="codeferry-bench-step-") as root:
+        model.save_pretrained(root)
+        pack_linears(model)
+        enable(model)
+        for rows in widths:
+            prompts = [[5 + i, 17, 300 + i] * 10 for i in range(rows)]
+            for rep in range(reps + 1):
+                engine = Engine(model, pad_token_id=0)
+                engine.add(prompts, [RowOptions(new) for _ in prompts])
+                started = time.perf_counter()
+                with torch.inference_mode():
+                    while engine.busy:
+                        engine.step()
+                if rep:  # the first warms up
+                    rates.setdefault(("codeferry", rows), []).append(
+                        rows * new / (time.perf_counter() - started))
+        if vllm_ops() is not None:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            from vllm import LLM, SamplingParams
+
+            llm = LLM(model=root, tokenizer=None, skip_tokenizer_init=True, dtype="float32",
+                      max_model_len=512, seed=0)
+            params = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
+            for rows in widths:
+                asked = [{"prompt_token_ids": [5 + i, 17, 300 + i] * 10} for i in range(rows)]
+                llm.generate(asked, params, use_tqdm=False)
+                for _ in range(reps):
+                    started = time.perf_counter()
+                    llm.generate(asked, params, use_tqdm=False)
+                    rates.setdefault(("vLLM CPU", rows), []).append(
+                        rows * new / (time.perf_counter() - started))
+            llm.llm_engine.engine_core.shutdown()
+    print(f"\n### One thread's whole decode, {new} tokens a prompt (tok/s, median [range] of "
+          f"{reps}; not alternated)\n")
+    print("| prompts | codeferry `decode.Engine` | vLLM CPU `LLM` | codeferry / vLLM |")
+    print("|---:|---:|---:|---:|")
+    for rows in widths:
+        ours, theirs = rates[("codeferry", rows)], rates.get(("vLLM CPU", rows))
+        cells = [f"{statistics.median(v):.0f} [{min(v):.0f}-{max(v):.0f}]" if v else "-"
+                 for v in (ours, theirs)]
+        ratio = f"{statistics.median(ours) / statistics.median(theirs):.2f}" if theirs else "-"
+        print(f"| {rows} | {cells[0]} | {cells[1]} | {ratio} |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--part", choices=["kernels", "compiled"], required=True)
+    parser.add_argument("--part", choices=["kernels", "compiled", "loops"], required=True)
     parser.add_argument("--size", choices=sorted(bg.SIZES), default="70m")
     parser.add_argument("--rows", type=int, action="append",
                         help="rows of a step (repeatable; default 1, 16, 32, 64)")
     parser.add_argument("--context", type=int, default=60,
                         help="--part compiled: the position the steps start at")
+    parser.add_argument("--new", type=int, default=128,
+                        help="--part loops: the tokens each prompt generates")
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
     import torch
@@ -331,8 +400,10 @@ def main() -> int:
     if args.part == "kernels":
         attention_rows(hidden // 64, 64, [(16, 60), (24, 150), (64, 100), (32, 400)])
         linear_rows(hidden, widths)
-    else:
+    elif args.part == "compiled":
         compiled_rows(args.size, widths, args.context, args.reps)
+    else:
+        loop_rows(args.size, widths, args.new, args.reps)
     return 0
 
 
