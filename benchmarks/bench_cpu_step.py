@@ -2,7 +2,7 @@
 code run eagerly against compiled.
 
 Why: beside a neighbour, codeferry's two single-threaded workers get about a core and a third
-between them, and vLLM's one engine thread keeps a whole core (``docs/benchmarks.md``); so
+between them, and vLLM's one worker thread keeps a whole core (``docs/benchmarks.md``); so
 those rows turn on the speed of one thread. This script takes one thread's decode step
 apart, each piece alone, on the bench model's shapes (``bench_generation``: a Llama of
 ``--size``, float32):
@@ -15,17 +15,22 @@ apart, each piece alone, on the bench model's shapes (``bench_generation``: a Ll
   ``packing.py`` packs it; vLLM's ``onednn_mm``). Twelve layers' tensors are cycled, so a
   call reads from memory as a step does, not from the cache the previous call filled. The
   vLLM rows need a Python with vLLM (its venv's); without it they are left out.
-- ``--part compiled``: one decode step of the whole model, transformers' forward as it runs
-  (eager), against the same forward compiled by inductor (``torch.compile(dynamic=True)``,
-  weights frozen), the keys' write and the attention one custom op so that the graph does
-  not break at every layer (vLLM compiles transformers' code so). Every row is at the same
-  position, from ``--context`` on. Rounds alternate (eager, compiled, eager, ...); it
-  prints the medians with their range, the seconds the compilation took, and whether both
-  chose the same greedy tokens for 20 steps.
+- ``--part compiled``: one decode step of the whole model, three ways: transformers'
+  forward run eagerly, its linears packed as the decode loop packs them; compiled by inductor
+  (``torch.compile(dynamic=True)``) with the weights frozen; and compiled with each packed
+  linear one opaque op (the weights not frozen). In both compiled ways the keys' write and
+  the attention are one custom op, so the graph does not break at every layer (vLLM
+  compiles transformers' code so). Every row is at the same position, from ``--context``
+  on. Rounds alternate; it prints the medians with their range, the seconds each
+  compilation took, and whether all ways chose the same greedy tokens for 20 steps.
+- ``--part loops``: one thread's whole decode of ``n`` prompts, ``--new`` tokens each:
+  codeferry's ``decode.Engine`` in this process, then vLLM's ``LLM`` (started once, after
+  codeferry's rounds: not alternated). Under vLLM's venv, as ``kernels``.
 
 Run (one thread throughout)::
 
     HF_HUB_OFFLINE=1 /path/to/vllm-venv/bin/python benchmarks/bench_cpu_step.py --part kernels
+    HF_HUB_OFFLINE=1 /path/to/vllm-venv/bin/python benchmarks/bench_cpu_step.py --part loops
     HF_HUB_OFFLINE=1 python benchmarks/bench_cpu_step.py --part compiled --reps 3
 """
 
