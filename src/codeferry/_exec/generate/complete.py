@@ -36,6 +36,7 @@ from .params import (
     Resolved,
     SamplingParams,
     cut_at_stop,
+    eos_ids,
     group_key,
     resolve,
 )
@@ -154,8 +155,8 @@ def plan(engine: Renderer, requests: Sequence[Request], defaults: SamplingParams
     from_model = {name: getattr(config, name, None) for name in _MODEL_DEFAULTS}
     resolved = [resolve((r.params or SamplingParams()).over(defaults), from_model)
                 for r in requests]
-    ends = _ends(config.eos_token_id if config.eos_token_id is not None
-                 else tokenizer.eos_token_id)
+    ends = eos_ids(config.eos_token_id if config.eos_token_id is not None
+                   else tokenizer.eos_token_id)
     groups: dict[tuple[Any, ...], list[int]] = {}
     for index, params in enumerate(resolved):
         groups.setdefault(group_key(params, index), []).append(index)
@@ -199,12 +200,6 @@ def loop_rows(engine: Planner, group: list[Resolved], ends: list[int]) -> list[A
                        top_k=p.top_k if p.do_sample else 0,
                        top_p=p.top_p if p.do_sample else 1.0, seed=p.seed,
                        structured=p.structured) for p in group]
-
-
-def _ends(eos: Any) -> list[int]:
-    if eos is None:
-        return []
-    return [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
 
 
 

@@ -39,6 +39,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from .params import eos_ids
+
 __all__ = ["GENERATE_PATHS", "choose_path", "continuous_supports", "generate_continuous"]
 
 #: The requests ``choose_path`` answers (``stream.choose`` answers ``auto`` and ``decode``).
@@ -103,8 +105,7 @@ def generate_continuous(model: Any, prompts: list[list[int]], options: dict[str,
     from transformers import GenerationConfig
 
     new = int(options["max_new_tokens"])
-    eos = [] if eos_token_id is None else (
-        [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
+    eos = eos_ids(eos_token_id)
     # min_new_tokens == max_new_tokens: generate masks end-of-sequence on every step (its
     # MinNewTokensLengthLogitsProcessor, which continuous batching drops); the same mask
     # here is suppress_tokens, with stopping off.

@@ -39,7 +39,7 @@ from .structured import GUIDED, StructuredOutput, structured_in
 
 __all__ = ["BODY_KEYS", "Completion", "Conversation", "GenerateResult", "Request", "Resolved",
            "SamplingParams", "StructuredOutput", "conversations",
-           "cut_at_stop", "group_key", "resolve"]
+           "cut_at_stop", "eos_ids", "group_key", "resolve"]
 
 FinishReason = Literal["stop", "length"]
 Conversation = Sequence[Mapping[str, Any]]
@@ -217,6 +217,13 @@ def _strings(value: Any) -> tuple[str, ...] | None:
         raise _error("stop", f"is {value!r}, not a string or a list of non-empty strings.",
                      'give stop as "END" or ["END", "\\n\\n"].')
     return tuple(items)
+
+
+def eos_ids(value: Any) -> list[int]:
+    """A model's ``eos_token_id`` (none, one id, or several) as a list of ids."""
+    if value is None:
+        return []
+    return [int(value)] if isinstance(value, int) else [int(v) for v in value]
 
 
 def _token_ids(value: Any) -> tuple[int, ...] | None:

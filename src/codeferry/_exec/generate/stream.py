@@ -26,6 +26,7 @@ from .calling import calling, supports
 from .complete import Planned, Planner, Requests, loop_rows, plan
 from .decode import Engine, RowOptions, decode
 from .generation import choose_path
+from .params import eos_ids
 
 __all__ = ["Stream", "choose", "probe"]
 
@@ -161,7 +162,7 @@ def probe(model: Any, pad: int) -> str | None:
     prompts = [[(3 + 5 * i) % vocab for i in range(7)], [(4 + 3 * i) % vocab for i in range(3)],
                [(5 + 7 * i) % vocab for i in range(5)]]
     lengths = (6, 3, 5)
-    eos = _ids(model.generation_config.eos_token_id)
+    eos = tuple(eos_ids(model.generation_config.eos_token_id))
     try:  # every row exactly its length long: end-of-sequence masked, as generate masks it
         got = decode(model, prompts, [RowOptions(n, eos, n) for n in lengths], pad_token_id=pad,
                      max_rows=2)
@@ -192,9 +193,3 @@ def choose(model: Any, requested: str, device: str, pad: int | None) -> tuple[st
         return "decode", ("a greedy probe of the decode loop matched generate token for token "
                           "(tied logits either way)")
     return "batched", f"the decode loop does not work for this model: {failure}"
-
-
-def _ids(value: Any) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    return (int(value),) if isinstance(value, int) else tuple(int(v) for v in value)
