@@ -148,3 +148,24 @@ def test_test_files_have_unique_names() -> None:
     for path in (ROOT / "tests").rglob("test_*.py"):
         seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
     assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
+def test_benchmarks_name_modules_and_files_the_package_has() -> None:
+    """A benchmark is run by hand, long after the code it imports has moved: every
+    ``codeferry`` module it imports and every ``src/codeferry/...py`` it reads must exist."""
+    import importlib.util
+
+    missing = []
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        for node in ast.walk(ast.parse(text)):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module
+                     and not node.level else [])
+            for name in names:
+                if name.split(".")[0] == "codeferry" and importlib.util.find_spec(name) is None:
+                    missing.append(f"{path.name}: import {name}")
+        for file in re.findall(r"src/codeferry/[\w/]+\.py", text):
+            if not (ROOT / file).is_file():
+                missing.append(f"{path.name}: {file}")
+    assert missing == []
