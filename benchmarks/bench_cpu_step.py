@@ -7,9 +7,10 @@ those rows turn on the speed of one thread. This script takes one thread's decod
 apart, each piece alone, on the bench model's shapes (``bench_generation``: a Llama of
 ``--size``, float32):
 
-- ``--part kernels``: attention for one new token a row over its keys and values (torch's
-  ``scaled_dot_product_attention`` on the decode loop's layout, ``[rows, heads, columns,
-  dim]`` sliced from a larger buffer, as ``decode._Layer`` holds it, against vLLM's paged
+- ``--part kernels``: attention for one new token a row over its keys and values, each
+  ``[rows, heads, columns, dim]`` sliced from a larger buffer as ``decode._Layer`` holds it
+  (torch's ``scaled_dot_product_attention`` over keys stored as they come; the decode
+  loop's own step, ``attention._step``, over keys stored columns innermost; vLLM's paged
   CPU kernel over the same keys, written by its own ``cpu_attn_reshape_and_cache``), and
   the model's linears at a given number of rows (``F.linear``; oneDNN on a packed weight, as
   ``packing.py`` packs it; vLLM's ``onednn_mm``). Twelve layers' tensors are cycled, so a
@@ -77,26 +78,40 @@ def vllm_ops() -> Any:
 def attention_rows(heads: int, dim: int, shapes: list[tuple[int, int]]) -> None:
     ops = vllm_ops()
     print("\n### Attention, one new token a row (ms a layer; GB/s of keys and values read)\n")
-    print("| rows x columns | MB a layer | torch SDPA, the loop's layout | vLLM CPU paged kernel |")
-    print("|---|---:|---:|---:|")
+    print("| rows x columns | MB a layer | torch SDPA, keys columns last | codeferry's step, keys "
+          "columns innermost | vLLM CPU paged kernel |")
+    print("|---|---:|---:|---:|---:|")
     for rows, columns in shapes:
         megabytes = rows * heads * columns * dim * 4 * 2 / 1e6
-        ours, theirs = attention_pair(rows, columns, heads, dim, ops)
-        cells = [f"{t:.2f} ({megabytes / t:.0f} GB/s)" if t else "-" for t in (ours, theirs)]
-        print(f"| {rows} x {columns} | {megabytes:.1f} | {cells[0]} | {cells[1]} |")
+        times = attention_ways(rows, columns, heads, dim, ops)
+        cells = [f"{t:.2f} ({megabytes / t:.0f} GB/s)" if t else "-" for t in times]
+        print(f"| {rows} x {columns} | {megabytes:.1f} | {' | '.join(cells)} |")
 
 
-def attention_pair(rows: int, columns: int, heads: int, dim: int, ops: Any) -> tuple[float, float]:
-    """Milliseconds a layer: SDPA over the loop's layout, and vLLM's kernel (0 without vLLM)."""
+def attention_ways(rows: int, columns: int, heads: int, dim: int,
+                   ops: Any) -> tuple[float, float, float]:
+    """Milliseconds a layer: SDPA over keys stored as they come (``[..., columns, dim]``),
+    the decode loop's step (``attention._step``) over keys stored columns innermost
+    (``attention.empty_keys``), and vLLM's kernel (0 without vLLM)."""
     import torch
+
+    from codeferry._exec.generate.attention import _step, empty_keys
 
     f = torch.nn.functional
     query = torch.randn(rows, heads, 1, dim)
     keys = [torch.randn(rows, heads, columns + 128, dim)[:, :, :columns] for _ in range(LAYERS)]
     values = [torch.randn(rows, heads, columns + 128, dim)[:, :, :columns] for _ in range(LAYERS)]
-    ours = cold(lambda i: f.scaled_dot_product_attention(query, keys[i], values[i]))
+    inner = [empty_keys((rows, heads, columns + 128, dim), torch.float32, "cpu", True)[:, :, :columns]
+             for _ in range(LAYERS)]
+    for mine, plain in zip(inner, keys, strict=True):
+        mine.copy_(plain)
+    sdpa = cold(lambda i: f.scaled_dot_product_attention(query, keys[i], values[i]))
+    step = cold(lambda i: _step(query, inner[i], values[i], None, None))
+    if not torch.allclose(_step(query, inner[0], values[0], None, None).transpose(1, 2),
+                          f.scaled_dot_product_attention(query, keys[0], values[0]), atol=1e-4):
+        raise SystemExit("the decode step and SDPA disagree")
     if ops is None:
-        return ours, 0.0
+        return sdpa, step, 0.0
     block = 128
     blocks = -(-columns // block)
     table = torch.arange(rows * blocks, dtype=torch.int32).view(rows, blocks)
@@ -130,7 +145,7 @@ def attention_pair(rows: int, columns: int, heads: int, dim: int, ops: Any) -> t
     if not torch.allclose(out, f.scaled_dot_product_attention(query, keys[0], values[0])[:, :, 0],
                           atol=1e-4):
         raise SystemExit("vLLM's kernel and SDPA disagree: the paged layout is wrong")
-    return ours, theirs
+    return sdpa, step, theirs
 
 
 def timed(call: Callable[[], Any]) -> float:

@@ -115,6 +115,38 @@ def test_rows_of_short_and_long_prompts_attend_apart_and_give_generates_tokens(d
     assert got == [generated(model, p, o) for p, o in zip(batch, options, strict=True)]
 
 
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("mask", ["none", "bool", "additive"])
+def test_a_decode_step_attends_as_sdpa_over_keys_stored_columns_innermost(kv_heads: int,
+                                                                          mask: str) -> None:
+    from types import SimpleNamespace
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    torch.manual_seed(0)
+    rows, heads, columns, dim = 5, 4, 37, 16
+    keys = attention.empty_keys((rows, kv_heads, columns + 9, dim), torch.float32, "cpu", True)
+    assert keys.stride(-2) == 1 and attention.empty_keys((1, 2, 3, 4), torch.float32, "cpu",
+                                                         False).is_contiguous()
+    keys = keys[:, :, :columns]  # as the loop's cache hands them: a buffer's first columns
+    keys.copy_(torch.randn(rows, kv_heads, columns, dim))
+    values = torch.randn(rows, kv_heads, columns + 9, dim)[:, :, :columns]
+    query = torch.randn(rows, heads, 1, dim)
+    pad = [0, 0, 6, 9, 12] if mask != "none" else [0] * rows  # left padding, row by row
+    runs = ((0, 2, 0), (2, 5, 6)) if mask != "none" else ((0, rows, 0),)
+    allowed = torch.arange(columns)[None, :] >= torch.tensor(pad)[:, None]
+    given = {"none": None, "bool": allowed[:, None, None, :],
+             "additive": torch.zeros(rows, 1, 1, columns).masked_fill(
+                 ~allowed[:, None, None, :], torch.finfo(torch.float32).min)}[mask]
+    module = SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True)
+    want, _ = sdpa_attention_forward(module, query, keys.contiguous(), values.contiguous(), given,
+                                     scaling=0.3)
+    got, _ = attention._attention(module, query, keys, values, given, scaling=0.3,
+                                  **{attention.SPANS: runs})
+    assert got.shape == want.shape == (rows, 1, heads, dim)
+    assert torch.allclose(got, want, atol=1e-5)
+
+
 def test_other_attention_is_left_as_it_is() -> None:
     eager = half(attn_implementation="eager")
     assert not attention.enable(eager) and eager.config._attn_implementation == "eager"

@@ -47,7 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .attention import SPANS, cache_dtype
+from .attention import SPANS, cache_dtype, empty_keys
 from .calling import Calling, calling
 from .cuts import blocks, prefill_runs, spans
 
@@ -113,7 +113,7 @@ def _layer_class() -> Any:
                 self.length = 0
                 shape = (max(self.rows, key_states.shape[0]), key_states.shape[1],
                          max(self.capacity, key_states.shape[-2]), key_states.shape[-1])
-                self.kbuf = torch.empty(shape, dtype=self.dtype, device=self.device)
+                self.kbuf = empty_keys(shape, self.dtype, self.device, self.store is not None)
                 self.vbuf = torch.empty(shape, dtype=self.dtype, device=self.device)
             (row, column), rows = self.at, key_states.shape[0]
             first, end = column + self.length, column + self.length + key_states.shape[-2]
@@ -136,8 +136,8 @@ def _layer_class() -> Any:
 
         def _new(self, rows: int, capacity: int) -> tuple[Any, Any]:
             shape = (rows, self.kbuf.shape[1], capacity, self.kbuf.shape[3])
-            return (torch.empty(shape, dtype=self.kbuf.dtype, device=self.kbuf.device),
-                    torch.empty(shape, dtype=self.vbuf.dtype, device=self.vbuf.device))
+            keys = empty_keys(shape, self.kbuf.dtype, self.kbuf.device, self.store is not None)
+            return keys, torch.empty(shape, dtype=self.vbuf.dtype, device=self.vbuf.device)
 
         def _place(self, new: tuple[Any, Any], at: int, pad: int, rows: list[int],
                    start: int) -> None:
