@@ -21,17 +21,18 @@ column); with the keys stored columns innermost (``empty_keys``: the loop's cach
 so) the scores are one query row times a matrix read along its rows, and the output one
 more product. One thread, AVX-512 (``benchmarks/bench_cpu_step.py --part kernels``, 8 heads
 of 64): 16 rows x 60 columns 0.43 -> 0.35 ms a layer, 24 x 150 1.25 -> 0.86, 64 x 100 2.70
--> 1.62, 32 x 400 3.58 -> 2.54 (vLLM CPU's paged kernel: 0.21, 0.76, 1.47, 2.36); a 71M
-Llama's decode of 64 prompts, 3-12% more tokens a second. Writing a step's key is then a
-strided write, which costs less than the reads save. A step with anything beyond plain
-attention (``_NOT_PLAIN``) goes to ``sdpa_attention_forward`` as before.
+-> 1.62, 32 x 400 3.58 -> 2.54 (vLLM CPU's paged kernel: 0.21, 0.76, 1.47, 2.36); one
+thread's decode of a 71M Llama (``--part loops``, 16, 32, 64 prompts x 128 tokens, medians
+of 3 alternated rounds): 605 -> 664, 711 -> 800, 805 -> 877 tokens/s. Writing a step's key
+is then a strided write, which costs less than the reads save. A step with anything beyond
+plain attention (``_NOT_PLAIN``) goes to ``sdpa_attention_forward``.
 
 How: transformers' public ``AttentionInterface`` (and ``AttentionMaskInterface``, for
 the masks ``sdpa`` gets) takes one more implementation, ``NAME``; it runs transformers'
 own ``sdpa_attention_forward``, after a cast when the keys are float32 and the query is
-not, once per run. A model whose modeling code calls attention through that interface
-(``_can_set_attn_implementation``) and runs ``sdpa`` is switched to it (``enable``); any
-other model is left as it is. Under ``generate`` and its ``DynamicCache`` the keys have the
+not (a decode step of the loop's rows: ``_step``, once per run). A model whose modeling
+code calls attention through that interface (``_can_set_attn_implementation``) and runs
+``sdpa`` is switched to it (``enable``); any other model is left as it is. Under ``generate`` and its ``DynamicCache`` the keys have the
 query's dtype and no runs are passed, so nothing changes there. The worker switches a model
 only to probe the decode loop on it (``stream.choose``), and switches it back when the probe
 does not match.
