@@ -147,6 +147,37 @@ def test_a_decode_step_attends_as_sdpa_over_keys_stored_columns_innermost(kv_hea
     assert torch.allclose(got, want, atol=1e-5)
 
 
+def test_the_loops_decode_steps_attend_through_its_own_step(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # what this transformers passes to attention must not turn the step down to SDPA
+    model = half("float32")
+    assert attention.enable(model)
+    rows: list[int] = []
+    real = attention._step
+    monkeypatch.setattr(attention, "_step", lambda *a: rows.append(a[0].shape[0]) or real(*a))
+    batch = prompts(4, seed=3)
+    options = [RowOptions(5) for _ in batch]
+    engine = Engine(model, pad_token_id=0)
+    engine.add(batch, options)
+    with torch.inference_mode():
+        while engine.busy:
+            engine.step()
+    assert sum(rows) == 4 * 4 * 2, rows  # rows x steps after the prefill x layers
+    assert engine.batch.cache is None  # every row ended
+    got = decode(model, batch, options, pad_token_id=0)
+    assert got == [generated(model, p, o) for p, o in zip(batch, options, strict=True)]
+    layer = _layer(model, batch[:1])
+    assert layer.kbuf.stride(-2) == 1 and layer.vbuf.is_contiguous()  # keys columns innermost
+
+
+def _layer(model: Any, batch: list[list[int]]) -> Any:
+    engine = Engine(model, pad_token_id=0)
+    engine.add(batch, [RowOptions(3)])
+    with torch.inference_mode():
+        engine.step()
+    return engine.batch.cache.layers[0]
+
+
 def test_other_attention_is_left_as_it_is() -> None:
     eager = half(attn_implementation="eager")
     assert not attention.enable(eager) and eager.config._attn_implementation == "eager"

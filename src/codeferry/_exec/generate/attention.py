@@ -71,7 +71,8 @@ def _attention(module: Any, query: Any, key: Any, value: Any, attention_mask: An
             attention_mask = attention_mask.to(key.dtype)
     # runs are for a decode step of the loop's own rows; anything else attends as one
     if (not runs or query.shape[2] != 1 or runs[-1][1] != query.shape[0]
-            or any(kwargs.get(name) is not None for name in _NOT_PLAIN) or kwargs.get("dropout")):
+            or any(v is not None and v is not False for v in map(kwargs.get, _NOT_PLAIN))
+            or kwargs.get("dropout")):
         out, weights = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
         return out.to(dtype), weights
     import torch
