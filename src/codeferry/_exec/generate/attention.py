@@ -32,8 +32,9 @@ the masks ``sdpa`` gets) takes one more implementation, ``NAME``; it runs transf
 own ``sdpa_attention_forward``, after a cast when the keys are float32 and the query is
 not (a decode step of the loop's rows: ``_step``, once per run). A model whose modeling
 code calls attention through that interface (``_can_set_attn_implementation``) and runs
-``sdpa`` is switched to it (``enable``); any other model is left as it is. Under ``generate`` and its ``DynamicCache`` the keys have the
-query's dtype and no runs are passed, so nothing changes there. The worker switches a model
+``sdpa`` is switched to it (``enable``); any other model is left as it is. Under
+``generate`` and its ``DynamicCache`` the keys have the query's dtype and no runs are
+passed, so nothing changes there. The worker switches a model
 only to probe the decode loop on it (``stream.choose``), and switches it back when the probe
 does not match.
 
@@ -94,12 +95,12 @@ def _step(query: Any, key: Any, value: Any, mask: Any, scaling: float | None) ->
     import torch
 
     rows, heads, _, dim = query.shape
-    kv = key.shape[1]
-    query = query.reshape(rows, kv, heads // kv, dim) * (dim ** -0.5 if scaling is None else scaling)
+    kv, group = key.shape[1], heads // key.shape[1]  # a key head's group of query heads
+    query = query.reshape(rows, kv, group, dim) * (dim ** -0.5 if scaling is None else scaling)
     scores = torch.matmul(query, key.transpose(-1, -2))  # [rows, kv heads, group, columns]
     if mask is not None:
         if mask.shape[1] != 1:
-            mask = mask.reshape(rows, kv, heads // kv, mask.shape[-1])
+            mask = mask.reshape(rows, kv, group, mask.shape[-1])
         if mask.dtype == torch.bool:
             scores.masked_fill_(~mask, float("-inf"))
         else:
