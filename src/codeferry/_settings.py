@@ -134,6 +134,11 @@ SETTINGS: tuple[Setting, ...] = (
         "`0` keeps a model's own attention in a CPU worker's decode loop; on, codeferry's attention runs there: rows attend in runs that skip padding, and a bfloat16 or float16 model's keys and values are stored and attended in float32 (faster on CPU, that cache twice the bytes; see the executor page)",
     ),
     Setting(
+        ("CODEFERRY_CPU_DECODE_KEYS",),
+        "timed",
+        "how that decode loop stores keys: `innermost` (columns innermost, a step attended by two products) or `last` (as they come, torch's SDPA); otherwise each worker times both at its model's shapes and takes the faster",
+    ),
+    Setting(
         ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS", "VLLM_CPU_KVCACHE_SPACE"),
         "vLLM's (on); unset; unset",
         "vLLM's and OpenMP's own variables, which codeferry writes and never reads: an executor worker with `engine=\"vllm\"` sets the first to `0` before it builds its engine, so that vLLM's EngineCore runs inside the worker (a daemonic process, which may start none of its own; `exec --sandbox` too, where unset), and the second, where unset, to the worker's threads (vLLM would cut torch to one; see the executor page); without the third, a CPU machine's workers divide half its free memory",
@@ -321,6 +326,13 @@ def cpu_float32_attention() -> bool:
     """Whether ``CODEFERRY_CPU_FLOAT32_ATTENTION`` leaves the decode loop's float32 attention
     on for half-precision models on CPU (the default)."""
     return (os.environ.get("CODEFERRY_CPU_FLOAT32_ATTENTION") or "1").strip().upper() not in _FALSE
+
+
+def cpu_decode_keys() -> str | None:
+    """``CODEFERRY_CPU_DECODE_KEYS``: ``"innermost"`` or ``"last"`` where it says so, else
+    ``None`` (the worker times both)."""
+    value = (os.environ.get("CODEFERRY_CPU_DECODE_KEYS") or "").strip().lower()
+    return value if value in ("innermost", "last") else None
 
 
 def lock_file() -> str | None:

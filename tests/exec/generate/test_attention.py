@@ -115,19 +115,21 @@ def test_rows_of_short_and_long_prompts_attend_apart_and_give_generates_tokens(d
     assert got == [generated(model, p, o) for p, o in zip(batch, options, strict=True)]
 
 
+@pytest.mark.parametrize("layout", ["innermost", "last"])
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])
 @pytest.mark.parametrize("mask", ["none", "bool", "additive"])
-def test_a_decode_step_attends_as_sdpa_over_keys_stored_columns_innermost(kv_heads: int,
-                                                                          mask: str) -> None:
+def test_a_decode_step_attends_as_sdpa_over_keys_in_either_layout(
+        kv_heads: int, mask: str, layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    monkeypatch.setenv("CODEFERRY_CPU_DECODE_KEYS", layout)
     torch.manual_seed(0)
     rows, heads, columns, dim = 5, 4, 37, 16
     keys = attention.empty_keys((rows, kv_heads, columns + 9, dim), torch.float32, "cpu", True)
-    assert keys.stride(-2) == 1 and attention.empty_keys((1, 2, 3, 4), torch.float32, "cpu",
-                                                         False).is_contiguous()
+    assert (keys.stride(-2) == 1) == (layout == "innermost")
+    assert attention.empty_keys((1, 2, 3, 4), torch.float32, "cpu", False).is_contiguous()
     keys = keys[:, :, :columns]  # as the loop's cache hands them: a buffer's first columns
     keys.copy_(torch.randn(rows, kv_heads, columns, dim))
     values = torch.randn(rows, kv_heads, columns + 9, dim)[:, :, :columns]
@@ -147,9 +149,11 @@ def test_a_decode_step_attends_as_sdpa_over_keys_stored_columns_innermost(kv_hea
     assert torch.allclose(got, want, atol=1e-5)
 
 
-def test_the_loops_decode_steps_attend_through_its_own_step(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("layout", ["innermost", "last"])
+def test_the_loops_decode_steps_attend_through_the_step_its_keys_layout_takes(
+        layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # what this transformers passes to attention must not turn the step down to SDPA
+    monkeypatch.setenv("CODEFERRY_CPU_DECODE_KEYS", layout)
     model = half("float32")
     assert attention.enable(model)
     rows: list[int] = []
@@ -162,12 +166,36 @@ def test_the_loops_decode_steps_attend_through_its_own_step(
     with torch.inference_mode():
         while engine.busy:
             engine.step()
-    assert sum(rows) == 4 * 4 * 2, rows  # rows x steps after the prefill x layers
+    # rows x steps after the prefill x layers; none where keys are stored as they come
+    assert sum(rows) == (4 * 4 * 2 if layout == "innermost" else 0), rows
     assert engine.batch.cache is None  # every row ended
     got = decode(model, batch, options, pad_token_id=0)
     assert got == [generated(model, p, o) for p, o in zip(batch, options, strict=True)]
     layer = _layer(model, batch[:1])
-    assert layer.kbuf.stride(-2) == 1 and layer.vbuf.is_contiguous()  # keys columns innermost
+    assert (layer.kbuf.stride(-2) == 1) == (layout == "innermost") and layer.vbuf.is_contiguous()
+
+
+def test_unset_the_keys_layout_is_the_one_timed_faster_once_a_process(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CODEFERRY_CPU_DECODE_KEYS", raising=False)
+    model = half("float32")
+    heads, dim = attention.kv_shape(model)
+    assert (heads, dim) == (2, 16)
+    ours, sdpa = attention.timed_layouts(heads, dim)
+    assert ours > 0 and sdpa > 0
+    assert attention.keys_innermost(heads, dim) == (ours < sdpa)
+    misses = attention.timed_layouts.cache_info().misses
+    assert attention.enable(model)
+    layer = _layer(model, prompts(2, seed=4)[:1])
+    assert (layer.kbuf.stride(-2) == 1) == (ours < sdpa)
+    assert attention.timed_layouts.cache_info().misses == misses  # timed once, not again
+    note = attention.layout_note(model)
+    assert f"{ours:.2f} ms a layer with codeferry's step, {sdpa:.2f} with SDPA" in note
+    assert note.startswith("keys stored columns innermost" if ours < sdpa else
+                           "keys stored as they come")
+    monkeypatch.setenv("CODEFERRY_CPU_DECODE_KEYS", "last")
+    assert attention.layout_note(model) == (
+        "keys stored as they come (torch's SDPA): CODEFERRY_CPU_DECODE_KEYS")
 
 
 def _layer(model: Any, batch: list[list[int]]) -> Any:
@@ -194,7 +222,7 @@ def test_the_kv_budget_counts_float32_keys() -> None:
 def test_the_worker_choice_and_its_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     model = half()
     path, why = choose(model, "auto", "cpu", 0) or ("", "")
-    assert path == "decode" and "codeferry's attention" in why
+    assert path == "decode" and "codeferry's attention" in why and "; keys stored " in why
     monkeypatch.setenv("CODEFERRY_CPU_FLOAT32_ATTENTION", "0")
     other = half()
     path, why = choose(other, "auto", "cpu", 0) or ("", "")

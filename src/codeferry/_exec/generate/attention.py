@@ -15,17 +15,19 @@ the longest; the loop passes runs of rows (``cuts.spans``) and each run attends 
 from the first column one of its rows needs, instead of every row reading every padding
 column at every step and layer.
 
-Why a decode step of its own (``_step``, any dtype): with one query a row, torch's SDPA
-kernel on CPU computes each score as a dot product of ``dim`` floats (a horizontal sum per
-column); with the keys stored columns innermost (``empty_keys``: the loop's cache holds them
-so) the scores are one query row times a matrix read along its rows, and the output one
-more product. One thread, AVX-512 (``benchmarks/bench_cpu_step.py --part kernels``, 8 heads
-of 64): 16 rows x 60 columns 0.43 -> 0.35 ms a layer, 24 x 150 1.25 -> 0.86, 64 x 100 2.70
--> 1.62, 32 x 400 3.58 -> 2.54 (vLLM CPU's paged kernel: 0.21, 0.76, 1.47, 2.36); one
-thread's decode of a 71M Llama (``--part loops``, 16, 32, 64 prompts x 128 tokens, medians
-of 3 alternated rounds): 605 -> 664, 711 -> 800, 805 -> 877 tokens/s. Writing a step's key
-is then a strided write, which costs less than the reads save. A step with anything beyond
-plain attention (``_NOT_PLAIN``) goes to ``sdpa_attention_forward``.
+Why a decode step of its own (``_step``, any dtype), and why timed: with one query a row,
+torch's SDPA kernel on CPU computes each score as a dot product of ``dim`` floats (a
+horizontal sum per column); with the keys stored columns innermost (``empty_keys``) the
+scores are one query row times a matrix read along its rows, and the output one more
+product. Which is faster depends on the CPU. One thread, 8 heads of 64, ms a layer, SDPA
+over keys as they come -> ``_step`` (``benchmarks/bench_cpu_step.py --part kernels``): on
+an AVX-512 Zen 5, 16 rows x 60 columns 0.43 -> 0.35, 24 x 150 1.25 -> 0.86, 64 x 100 2.70 ->
+1.62, 32 x 400 3.58 -> 2.54; on an AVX2 machine, 0.78 -> 1.10, 2.53 -> 2.96, 4.85 -> 5.81,
+9.01 -> 8.44. So each process times both once for its model's shapes (``keys_innermost``,
+the key's write included: it is strided in that layout) and stores its keys in the faster
+layout; ``CODEFERRY_CPU_DECODE_KEYS`` fixes it. A decode step attends with ``_step`` where
+its keys are stored columns innermost, with SDPA where not, and with SDPA whole where it has
+anything beyond plain attention (``_NOT_PLAIN``).
 
 How: transformers' public ``AttentionInterface`` (and ``AttentionMaskInterface``, for
 the masks ``sdpa`` gets) takes one more implementation, ``NAME``; it runs transformers'
@@ -48,9 +50,15 @@ False, and the model keeps ``sdpa``; the probe then compares the tokens with ``g
 
 from __future__ import annotations
 
+import functools
+import statistics
+import time
 from typing import Any
 
-__all__ = ["NAME", "SPANS", "cache_dtype", "disable", "empty_keys", "enable"]
+from ... import _settings
+
+__all__ = ["NAME", "SPANS", "cache_dtype", "disable", "empty_keys", "enable", "keys_innermost",
+           "kv_shape", "layout_note"]
 
 #: The attention implementation's name in transformers' registries.
 NAME = "codeferry_sdpa"
@@ -78,9 +86,12 @@ def _attention(module: Any, query: Any, key: Any, value: Any, attention_mask: An
         return out.to(dtype), weights
     import torch
 
-    parts = [_step(query[a:b], key[a:b, :, c:], value[a:b, :, c:],
-                   None if attention_mask is None else attention_mask[a:b, ..., c:],
-                   kwargs.get("scaling")) for a, b, c in runs]
+    parts = []
+    for a, b, c in runs:
+        q, k, v = query[a:b], key[a:b, :, c:], value[a:b, :, c:]
+        mask = None if attention_mask is None else attention_mask[a:b, ..., c:]
+        parts.append(_step(q, k, v, mask, kwargs.get("scaling")) if k.stride(-2) == 1
+                     else sdpa_attention_forward(module, q, k, v, mask, **kwargs)[0])
     return (torch.cat(parts) if len(parts) > 1 else parts[0]).to(dtype), None
 
 
@@ -111,13 +122,88 @@ def _step(query: Any, key: Any, value: Any, mask: Any, scaling: float | None) ->
 
 def empty_keys(shape: tuple[int, ...], dtype: Any, device: Any, ours: bool) -> Any:
     """An uninitialised key buffer of ``shape``, ``[rows, heads, columns, dim]``; where the
-    model runs ``NAME`` (``ours``), its columns innermost in memory, for ``_step``."""
+    model runs ``NAME`` (``ours``) and ``keys_innermost`` says so, its columns innermost in
+    memory, for ``_step``."""
     import torch
 
-    if not ours:
+    if not ours or not keys_innermost(shape[1], shape[3]):
         return torch.empty(shape, dtype=dtype, device=device)
+    return _innermost(shape, dtype, device)
+
+
+def keys_innermost(heads: int, dim: int) -> bool:
+    """Whether the decode loop stores keys of ``heads`` heads of ``dim`` columns innermost:
+    as ``CODEFERRY_CPU_DECODE_KEYS`` says, else where ``_step`` timed faster than SDPA."""
+    fixed = _settings.cpu_decode_keys()
+    if fixed is not None:
+        return fixed == "innermost"
+    ours, sdpa = timed_layouts(heads, dim)
+    return ours < sdpa
+
+
+@functools.cache
+def timed_layouts(heads: int, dim: int, rows: int = 32, columns: int = 128) -> tuple[float, float]:
+    """Milliseconds a layer of a decode step's key write and attention, float32, in this
+    process's threads: ``_step`` over keys stored columns innermost, then torch's SDPA over
+    keys as they come. Layers of ``rows`` x ``columns`` are cycled (64 MiB, more than a
+    CPU's last-level cache holds), as a step reads them from memory; the two ways alternate
+    for five rounds after a warm-up, medians. Once a process for each shape: 0.1-0.3 s."""
+    import torch
+
+    shape = (rows, heads, columns, dim)
+    layers = max(2, -(-(64 << 20) // (2 * 4 * rows * heads * columns * dim)))
+    values = [torch.full(shape, 0.01) for _ in range(layers)]
+    keys = {way: [_innermost(shape) if way else torch.empty(shape) for _ in values]
+            for way in (False, True)}
+    query, new = torch.full((rows, heads, 1, dim), 0.01), torch.full((rows, heads, 1, dim), 0.02)
+    for way in keys.values():
+        for one in way:
+            one.fill_(0.01)
+
+    def sweep(innermost: bool) -> float:
+        started = time.perf_counter()
+        for key, value in zip(keys[innermost], values, strict=True):
+            key[:, :, -1:] = new  # a step's write
+            if innermost:
+                _step(query, key, value, None, None)
+            else:
+                torch.nn.functional.scaled_dot_product_attention(query, key, value)
+        return (time.perf_counter() - started) * 1000 / layers
+
+    times: dict[bool, list[float]] = {True: [], False: []}
+    with torch.inference_mode():
+        for _ in range(6):
+            for innermost in (True, False):
+                times[innermost].append(sweep(innermost))
+    return statistics.median(times[True][1:]), statistics.median(times[False][1:])
+
+
+def _innermost(shape: tuple[int, ...], dtype: Any = None, device: Any = None) -> Any:
+    """``torch.empty(shape)``, ``[rows, heads, columns, dim]``, its columns innermost."""
+    import torch
+
     rows, heads, columns, dim = shape
     return torch.empty((rows, heads, dim, columns), dtype=dtype, device=device).transpose(2, 3)
+
+
+def kv_shape(model: Any) -> tuple[int, int]:
+    """``model``'s key heads and their size (from its text config)."""
+    config = model.config.get_text_config()
+    heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+    dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+    return heads, dim
+
+
+def layout_note(model: Any) -> str:
+    """How the decode loop stores ``model``'s keys in this process, and why (for ``doctor``)."""
+    heads, dim = kv_shape(model)
+    where = "columns innermost (codeferry's step)" if keys_innermost(heads, dim) else (
+        "as they come (torch's SDPA)")
+    if _settings.cpu_decode_keys() is not None:
+        return f"keys stored {where}: CODEFERRY_CPU_DECODE_KEYS"
+    ours, sdpa = timed_layouts(heads, dim)
+    return (f"keys stored {where}: a step's attention timed {ours:.2f} ms a layer with "
+            f"codeferry's step, {sdpa:.2f} with SDPA")
 
 
 def _register() -> None:

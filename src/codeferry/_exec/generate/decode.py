@@ -47,7 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .attention import SPANS, cache_dtype, empty_keys
+from .attention import SPANS, cache_dtype, empty_keys, kv_shape
 from .calling import Calling, calling
 from .cuts import blocks, prefill_runs, spans
 
@@ -78,12 +78,11 @@ def rows_for(model: Any, longest: int, kv_budget: int = KV_BUDGET,
              max_rows: int = MAX_ROWS) -> int:
     """Rows decoded together: ``max_rows``, fewer when their cache, ``longest`` positions a
     row (prompt plus new tokens), would pass ``kv_budget`` bytes."""
-    config = model.config.get_text_config()
-    heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
-    dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+    heads, dim = kv_shape(model)
     stored = cache_dtype(model)
     size = stored.itemsize if stored is not None else next(model.parameters()).element_size()
-    per_row = 2 * int(config.num_hidden_layers) * heads * dim * size * max(1, longest)
+    layers = int(model.config.get_text_config().num_hidden_layers)
+    per_row = 2 * layers * heads * dim * size * max(1, longest)
     return int(max(1, min(max_rows, kv_budget // per_row)))
 
 

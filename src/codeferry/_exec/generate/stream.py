@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from ... import _settings
-from .attention import disable, enable
+from .attention import disable, enable, layout_note
 from .calling import calling, supports
 from .complete import Planned, Planner, Requests, loop_rows, plan
 from .decode import Engine, RowOptions, decode
@@ -186,7 +186,8 @@ def choose(model: Any, requested: str, device: str, pad: int | None) -> tuple[st
         if probe(model, 0 if pad is None else pad) is None:
             return "decode", ("a greedy probe of the decode loop, with codeferry's attention "
                               "(rows in runs; float32 keys for half precision), matched "
-                              "generate token for token (tied logits either way)")
+                              "generate token for token (tied logits either way); "
+                              + layout_note(model))
         disable(model)
     failure = probe(model, 0 if pad is None else pad)
     if failure is None:
