@@ -145,12 +145,13 @@ def keys_innermost(heads: int, dim: int) -> bool:
 def timed_layouts(heads: int, dim: int, rows: int = 32, columns: int = 128) -> tuple[float, float]:
     """Milliseconds a layer of a decode step's key write and attention, float32, in this
     process's threads: ``_step`` over keys stored columns innermost, then torch's SDPA over
-    keys as they come. Layers of ``rows`` x ``columns`` are cycled (64 MiB, more than a
-    CPU's last-level cache holds), as a step reads them from memory; the two ways alternate
+    keys as they come. Layers of ``rows`` (fewer for big heads) x ``columns`` are cycled
+    (64 MiB, more than a CPU's last-level cache holds), as a step reads them from memory; the two ways alternate
     for five rounds after a warm-up, medians. Once a process for each shape: 0.1-0.3 s."""
     import torch
 
-    shape = (rows, heads, columns, dim)
+    rows = max(1, min(rows, (32 << 20) // (2 * 4 * heads * columns * dim)))  # a big model's
+    shape = (rows, heads, columns, dim)  # layers hold 32 MiB at most: 96 MiB for the two ways
     layers = max(2, -(-(64 << 20) // (2 * 4 * rows * heads * columns * dim)))
     values = [torch.full(shape, 0.01) for _ in range(layers)]
     keys = {way: [_innermost(shape) if way else torch.empty(shape) for _ in values]
