@@ -240,6 +240,8 @@ def test_a_bfloat16_worker_decodes_in_float32_with_generates_tokens(tmp_path: An
         info = ex.worker_info[0]
         assert info["generate_path"] == "decode", info
         assert "codeferry's attention" in info["generate_reason"], info
+        # the worker timed the keys' layouts itself, in its own process, and says what it chose
+        assert " ms a layer with codeferry's step, " in info["generate_reason"], info
         got = ex.generate(texts, max_new_tokens=12)
     want = [tokenizer.decode(generated(model, tokenizer(t)["input_ids"], RowOptions(12, (EOS,))),
                              skip_special_tokens=True) for t in texts]
