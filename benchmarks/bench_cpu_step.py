@@ -9,8 +9,8 @@ apart, each piece alone, on the bench model's shapes (``bench_generation``: a Ll
 
 - ``--part kernels``: attention for one new token a row over its keys and values, each
   ``[rows, heads, columns, dim]`` sliced from a larger buffer as ``decode._Layer`` holds it
-  (torch's ``scaled_dot_product_attention`` over keys stored as they come; the decode
-  loop's own step, ``attention._step``, over keys stored columns innermost; vLLM's paged
+  (torch's ``scaled_dot_product_attention`` over a buffer's first columns; the decode
+  loop's own step, ``attention._step``, over its whole buffer, a quarter longer; vLLM's paged
   CPU kernel over the same keys, written by its own ``cpu_attn_reshape_and_cache``), and
   the model's linears at a given number of rows (``F.linear``; oneDNN on a packed weight, as
   ``packing.py`` packs it; vLLM's ``onednn_mm``). Twelve layers' tensors are cycled, so a
@@ -78,8 +78,8 @@ def vllm_ops() -> Any:
 def attention_rows(heads: int, dim: int, shapes: list[tuple[int, int]]) -> None:
     ops = vllm_ops()
     print("\n### Attention, one new token a row (ms a layer; GB/s of keys and values read)\n")
-    print("| rows x columns | MB a layer | torch SDPA, keys columns last | codeferry's step, keys "
-          "columns innermost | vLLM CPU paged kernel |")
+    print("| rows x columns | MB a layer | torch SDPA, a buffer's first columns | codeferry's "
+          "step, the whole buffer | vLLM CPU paged kernel |")
     print("|---|---:|---:|---:|---:|")
     for rows, columns in shapes:
         megabytes = rows * heads * columns * dim * 4 * 2 / 1e6
@@ -90,24 +90,25 @@ def attention_rows(heads: int, dim: int, shapes: list[tuple[int, int]]) -> None:
 
 def attention_ways(rows: int, columns: int, heads: int, dim: int,
                    ops: Any) -> tuple[float, float, float]:
-    """Milliseconds a layer: SDPA over keys stored as they come (``[..., columns, dim]``),
-    the decode loop's step (``attention._step``) over keys stored columns innermost
-    (``attention.empty_keys``), and vLLM's kernel (0 without vLLM)."""
+    """Milliseconds a layer: SDPA over a buffer's first ``columns`` (``[..., columns, dim]``),
+    the decode loop's step (``attention._step``) over a whole buffer a quarter longer, the
+    rest masked (as ``decode._Layer`` keeps it), and vLLM's kernel (0 without vLLM)."""
     import torch
 
-    from codeferry._exec.generate.attention import _step, empty_keys
+    from codeferry._exec.generate.attention import SLACK, _step
 
     f = torch.nn.functional
     query = torch.randn(rows, heads, 1, dim)
     keys = [torch.randn(rows, heads, columns + 128, dim)[:, :, :columns] for _ in range(LAYERS)]
     values = [torch.randn(rows, heads, columns + 128, dim)[:, :, :columns] for _ in range(LAYERS)]
-    inner = [empty_keys((rows, heads, columns + 128, dim), torch.float32, "cpu", True)[:, :, :columns]
-             for _ in range(LAYERS)]
-    for mine, plain in zip(inner, keys, strict=True):
-        mine.copy_(plain)
+    room = columns + max(SLACK, columns // 4)
+    whole = [[torch.zeros(rows, heads, room, dim) for _ in range(LAYERS)] for _ in range(2)]
+    for mine, plain in zip(whole[0] + whole[1], keys + values, strict=True):
+        mine[:, :, :columns] = plain
+    mask = (torch.arange(room) < columns).view(1, 1, 1, -1)
     sdpa = cold(lambda i: f.scaled_dot_product_attention(query, keys[i], values[i]))
-    step = cold(lambda i: _step(query, inner[i], values[i], None, None))
-    if not torch.allclose(_step(query, inner[0], values[0], None, None).transpose(1, 2),
+    step = cold(lambda i: _step(query, whole[0][i], whole[1][i], mask, None))
+    if not torch.allclose(_step(query, whole[0][0], whole[1][0], mask, None).transpose(1, 2),
                           f.scaled_dot_product_attention(query, keys[0], values[0]), atol=1e-4):
         raise SystemExit("the decode step and SDPA disagree")
     if ops is None:

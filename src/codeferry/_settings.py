@@ -131,12 +131,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         ("CODEFERRY_CPU_FLOAT32_ATTENTION",),
         "on",
-        "`0` keeps a model's own attention in a CPU worker's decode loop; on, codeferry's attention runs there: rows attend in runs that skip padding, and a bfloat16 or float16 model's keys and values are stored and attended in float32 (faster on CPU, that cache twice the bytes; see the executor page)",
+        "`0` keeps a model's own attention in a CPU worker's decode loop; on, codeferry's attention runs there: a step attends over each layer's whole buffers, and a bfloat16 or float16 model's keys and values are stored and attended in float32 (faster on CPU, that cache twice the bytes; see the executor page)",
     ),
     Setting(
         ("CODEFERRY_CPU_DECODE_KEYS",),
         "timed",
-        "how that decode loop stores keys: `innermost` (columns innermost, a step attended by two products) or `last` (as they come, torch's SDPA); otherwise each worker times both at its model's shapes and takes the faster",
+        "how that decode loop's steps attend: `innermost` (two products, keys stored columns innermost), `last` (two products, keys as they come) or `sdpa` (torch's SDPA, keys as they come); otherwise each worker times the three at its model's shapes and takes the fastest",
     ),
     Setting(
         ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS", "VLLM_CPU_KVCACHE_SPACE"),
@@ -329,10 +329,10 @@ def cpu_float32_attention() -> bool:
 
 
 def cpu_decode_keys() -> str | None:
-    """``CODEFERRY_CPU_DECODE_KEYS``: ``"innermost"`` or ``"last"`` where it says so, else
-    ``None`` (the worker times both)."""
+    """``CODEFERRY_CPU_DECODE_KEYS``: ``"innermost"``, ``"last"`` or ``"sdpa"`` where it says
+    so, else ``None`` (the worker times the three)."""
     value = (os.environ.get("CODEFERRY_CPU_DECODE_KEYS") or "").strip().lower()
-    return value if value in ("innermost", "last") else None
+    return value if value in ("innermost", "last", "sdpa") else None
 
 
 def lock_file() -> str | None:

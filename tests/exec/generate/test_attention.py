@@ -1,8 +1,9 @@
 """The decode loop's attention on CPU (``_exec/attention.py``) and its cuts (``decode.runs``).
 
 A bfloat16 or float16 model's loop stores keys and values in float32 and attends in
-float32; rows attend in runs that skip the padding columns they do not need, and prompts are
-prefilled in groups padded to their own longest. Greedy tokens stay ``generate``'s (within
+float32; a decode step attends over each layer's whole buffers (a little longer than their
+columns, zeroed, the rest masked), and prompts are prefilled in groups padded to their own
+longest. Greedy tokens stay ``generate``'s (within
 rounding in bfloat16). Runs in this process on a tiny random Llama; one test runs it in a
 real worker through ``codeferry.Executor``.
 """
@@ -15,7 +16,7 @@ import pytest
 
 import codeferry
 from codeferry._exec.generate import attention
-from codeferry._exec.generate.cuts import CALL_COLUMNS, prefill_runs, spans
+from codeferry._exec.generate.cuts import prefill_runs
 from codeferry._exec.generate.decode import Engine, RowOptions, decode, rows_for
 from codeferry._exec.generate.stream import choose
 
@@ -63,30 +64,6 @@ def test_a_half_precision_model_attends_in_float32_and_gives_greedy_tokens(dtype
     assert attention.cache_dtype(model) is None
 
 
-def cost(runs: Any, length: int, call: int) -> int:
-    return sum((b - a) * (length - c) + call for a, b, c in runs)
-
-
-def test_rows_attend_in_the_runs_that_read_least() -> None:
-    import itertools
-    import random
-
-    rng = random.Random(3)
-    for _ in range(200):
-        starts = tuple(rng.choice([0, 1, 5, 20, 40, 41, 90]) for _ in range(rng.randint(1, 7)))
-        runs = spans(starts)
-        assert [r[:2] for r in runs] == list(zip([0] + [b for _, b, _ in runs[:-1]],
-                                                 [b for _, b, _ in runs], strict=True))
-        assert all(c == min(starts[a:b]) for a, b, c in runs)  # every row reads all it has
-        n = len(starts)
-        best = min(cost([(a, b, min(starts[a:b])) for a, b in zip((0, *cuts), (*cuts, n), strict=True)],
-                        100, CALL_COLUMNS)
-                   for k in range(n) for cuts in itertools.combinations(range(1, n), k))
-        assert cost(runs, 100, CALL_COLUMNS) == best  # the least of every cut, by brute force
-    assert spans((0, 0, 3, 3)) == ((0, 4, 0),)  # not worth one more call
-    assert spans((0, 0, 200, 200)) == ((0, 2, 0), (2, 4, 200))
-
-
 def test_prompts_are_prefilled_in_groups_padded_to_their_own_longest() -> None:
     assert prefill_runs([51, 50, 48, 12, 11, 10, 9, 6]) == ((0, 3), (3, 8))
     assert prefill_runs([12, 11, 10, 9]) == ((0, 4),)  # not worth one more forward
@@ -94,7 +71,7 @@ def test_prompts_are_prefilled_in_groups_padded_to_their_own_longest() -> None:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_rows_of_short_and_long_prompts_attend_apart_and_give_generates_tokens(dtype: str) -> None:
+def test_short_and_long_prompts_give_generates_tokens_over_buffers_a_little_longer(dtype: str) -> None:
     model = half(dtype)
     attention.enable(model)
     batch = [list(range(8, 108)) + list(range(8, 108)), list(range(9, 12)), list(range(20, 24)),
@@ -109,56 +86,66 @@ def test_rows_of_short_and_long_prompts_attend_apart_and_give_generates_tokens(d
         engine.step()  # the prefill: rows sorted longest first
     hook.remove()
     assert widths == [200, 178, 4]  # groups, each padded to its own longest prompt
-    starts = tuple(engine.batch.mask.int().argmax(-1).tolist())
-    assert len(spans(starts)) == 2, starts
+    for layer in engine.batch.cache.layers:  # 200 columns, a quarter more, zeroed
+        assert layer.kbuf.shape[-2] == layer.vbuf.shape[-2] == 250
+        assert not layer.kbuf[:, :, 200:].any() and not layer.vbuf[:, :, 200:].any()
     got = decode(model, batch, options, pad_token_id=0)
     assert got == [generated(model, p, o) for p, o in zip(batch, options, strict=True)]
 
 
-@pytest.mark.parametrize("layout", ["innermost", "last"])
+@pytest.mark.parametrize("way", attention.WAYS)
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])
 @pytest.mark.parametrize("mask", ["none", "bool", "additive"])
-def test_a_decode_step_attends_as_sdpa_over_keys_in_either_layout(
-        kv_heads: int, mask: str, layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_decode_step_attends_over_whole_buffers_as_sdpa_over_the_columns_written(
+        kv_heads: int, mask: str, way: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    monkeypatch.setenv("CODEFERRY_CPU_DECODE_KEYS", layout)
+    monkeypatch.setenv("CODEFERRY_CPU_DECODE_KEYS", way)
     torch.manual_seed(0)
     rows, heads, columns, dim = 5, 4, 37, 16
-    keys = attention.empty_keys((rows, kv_heads, columns + 9, dim), torch.float32, "cpu", True)
-    assert (keys.stride(-2) == 1) == (layout == "innermost")
+    kbuf = attention.empty_keys((rows, kv_heads, columns + 9, dim), torch.float32, "cpu", True)
+    assert (kbuf.stride(-2) == 1) == (way == "innermost") and not kbuf.any()
     assert attention.empty_keys((1, 2, 3, 4), torch.float32, "cpu", False).is_contiguous()
-    keys = keys[:, :, :columns]  # as the loop's cache hands them: a buffer's first columns
+    vbuf = torch.zeros(rows, kv_heads, columns + 9, dim)
+    keys, values = kbuf[:, :, :columns], vbuf[:, :, :columns]  # as the loop's cache hands them
     keys.copy_(torch.randn(rows, kv_heads, columns, dim))
-    values = torch.randn(rows, kv_heads, columns + 9, dim)[:, :, :columns]
+    values.copy_(torch.randn(rows, kv_heads, columns, dim))
     query = torch.randn(rows, heads, 1, dim)
     pad = [0, 0, 6, 9, 12] if mask != "none" else [0] * rows  # left padding, row by row
-    runs = ((0, 2, 0), (2, 5, 6)) if mask != "none" else ((0, rows, 0),)
     allowed = torch.arange(columns)[None, :] >= torch.tensor(pad)[:, None]
     given = {"none": None, "bool": allowed[:, None, None, :],
              "additive": torch.zeros(rows, 1, 1, columns).masked_fill(
                  ~allowed[:, None, None, :], torch.finfo(torch.float32).min)}[mask]
-    module = SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True)
+    module = SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True, layer_idx=0)
     want, _ = sdpa_attention_forward(module, query, keys.contiguous(), values.contiguous(), given,
                                      scaling=0.3)
+    layer = SimpleNamespace(keys=keys, kbuf=kbuf, vbuf=vbuf, at=(0, 0))
+    cache = SimpleNamespace(layers=[layer])
+    assert attention._whole(cache, module, query, keys, given) is layer
     got, _ = attention._attention(module, query, keys, values, given, scaling=0.3,
-                                  **{attention.SPANS: runs})
+                                  **{attention.CACHE: cache})
     assert got.shape == want.shape == (rows, 1, heads, dim)
+    assert torch.allclose(got, want, atol=1e-5)
+    # a key the layer did not hand over (a copy, another layer's): attended as it is
+    assert attention._whole(cache, module, query, keys.clone(), given) is None
+    assert attention._whole(cache, SimpleNamespace(layer_idx=1), query, keys, given) is None
+    got, _ = attention._attention(module, query, keys.clone(), values, given, scaling=0.3,
+                                  **{attention.CACHE: cache})
     assert torch.allclose(got, want, atol=1e-5)
 
 
-@pytest.mark.parametrize("layout", ["innermost", "last"])
-def test_the_loops_decode_steps_attend_through_the_step_its_keys_layout_takes(
-        layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # what this transformers passes to attention must not turn the step down to SDPA
-    monkeypatch.setenv("CODEFERRY_CPU_DECODE_KEYS", layout)
+@pytest.mark.parametrize("way", attention.WAYS)
+def test_the_loops_decode_steps_attend_through_the_way_set_over_whole_buffers(
+        way: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # what this transformers passes to attention must not turn the whole buffers down
+    monkeypatch.setenv("CODEFERRY_CPU_DECODE_KEYS", way)
     model = half("float32")
     assert attention.enable(model)
     rows: list[int] = []
     real = attention._step
-    monkeypatch.setattr(attention, "_step", lambda *a: rows.append(a[0].shape[0]) or real(*a))
+    monkeypatch.setattr(attention, "_step", lambda *a: rows.append(a[1].shape[-2]) or real(*a))
     batch = prompts(4, seed=3)
     options = [RowOptions(5) for _ in batch]
     engine = Engine(model, pad_token_id=0)
@@ -166,36 +153,39 @@ def test_the_loops_decode_steps_attend_through_the_step_its_keys_layout_takes(
     with torch.inference_mode():
         while engine.busy:
             engine.step()
-    # rows x steps after the prefill x layers; none where keys are stored as they come
-    assert sum(rows) == (4 * 4 * 2 if layout == "innermost" else 0), rows
+    # a call a layer at every step after the prefill, over the whole buffer; none for SDPA
+    longest = max(len(p) for p in batch)
+    assert rows == ([longest + max(attention.SLACK, longest // 4)] * 4 * 2
+                    if way != "sdpa" else []), rows
     assert engine.batch.cache is None  # every row ended
     got = decode(model, batch, options, pad_token_id=0)
     assert got == [generated(model, p, o) for p, o in zip(batch, options, strict=True)]
     layer = _layer(model, batch[:1])
-    assert (layer.kbuf.stride(-2) == 1) == (layout == "innermost") and layer.vbuf.is_contiguous()
+    assert (layer.kbuf.stride(-2) == 1) == (way == "innermost") and layer.vbuf.is_contiguous()
 
 
-def test_unset_the_keys_layout_is_the_one_timed_faster_once_a_process(
+def test_unset_the_way_is_the_one_timed_fastest_once_a_process(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CODEFERRY_CPU_DECODE_KEYS", raising=False)
     model = half("float32")
     heads, dim = attention.kv_shape(model)
     assert (heads, dim) == (2, 16)
-    ours, sdpa = attention.timed_layouts(heads, dim)
-    assert ours > 0 and sdpa > 0
-    assert attention.keys_innermost(heads, dim) == (ours < sdpa)
-    misses = attention.timed_layouts.cache_info().misses
+    times = attention.timed_ways(heads, dim)
+    assert set(times) == set(attention.WAYS) and all(t > 0 for t in times.values())
+    fastest = min(times, key=times.__getitem__)
+    assert attention.decode_way(heads, dim) == fastest
+    misses = attention.timed_ways.cache_info().misses
     assert attention.enable(model)
     layer = _layer(model, prompts(2, seed=4)[:1])
-    assert (layer.kbuf.stride(-2) == 1) == (ours < sdpa)
-    assert attention.timed_layouts.cache_info().misses == misses  # timed once, not again
+    assert (layer.kbuf.stride(-2) == 1) == (fastest == "innermost")
+    assert attention.timed_ways.cache_info().misses == misses  # timed once, not again
     note = attention.layout_note(model)
-    assert f"{ours:.2f} ms a layer with codeferry's step, {sdpa:.2f} with SDPA" in note
-    assert note.startswith("keys stored columns innermost" if ours < sdpa else
-                           "keys stored as they come")
-    monkeypatch.setenv("CODEFERRY_CPU_DECODE_KEYS", "last")
+    assert note.endswith("whole buffers: ms a layer timed " + ", ".join(
+        f"{way} {times[way]:.2f}" for way in attention.WAYS))
+    monkeypatch.setenv("CODEFERRY_CPU_DECODE_KEYS", "sdpa")
+    assert attention.decode_way(heads, dim) == "sdpa"
     assert attention.layout_note(model) == (
-        "keys stored as they come (torch's SDPA): CODEFERRY_CPU_DECODE_KEYS")
+        "a step attends by torch's SDPA over keys as they come: CODEFERRY_CPU_DECODE_KEYS")
 
 
 def _layer(model: Any, batch: list[list[int]]) -> Any:
@@ -222,7 +212,7 @@ def test_the_kv_budget_counts_float32_keys() -> None:
 def test_the_worker_choice_and_its_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     model = half()
     path, why = choose(model, "auto", "cpu", 0) or ("", "")
-    assert path == "decode" and "codeferry's attention" in why and "; keys stored " in why
+    assert path == "decode" and "codeferry's attention" in why and "; a step attends by " in why
     monkeypatch.setenv("CODEFERRY_CPU_FLOAT32_ATTENTION", "0")
     other = half()
     path, why = choose(other, "auto", "cpu", 0) or ("", "")
@@ -240,8 +230,8 @@ def test_a_bfloat16_worker_decodes_in_float32_with_generates_tokens(tmp_path: An
         info = ex.worker_info[0]
         assert info["generate_path"] == "decode", info
         assert "codeferry's attention" in info["generate_reason"], info
-        # the worker timed the keys' layouts itself, in its own process, and says what it chose
-        assert " ms a layer with codeferry's step, " in info["generate_reason"], info
+        # the worker timed the ways itself, in its own process, and says what it chose
+        assert "whole buffers: ms a layer timed innermost " in info["generate_reason"], info
         got = ex.generate(texts, max_new_tokens=12)
     want = [tokenizer.decode(generated(model, tokenizer(t)["input_ids"], RowOptions(12, (EOS,))),
                              skip_special_tokens=True) for t in texts]

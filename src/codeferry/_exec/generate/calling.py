@@ -39,8 +39,8 @@ class Calling:
     options: dict[str, Any] = field(default_factory=dict)
     #: The keyword that cuts a prefill's logits to the last position, if one does.
     keep: str | None = None
-    #: Whether ``forward`` passes keywords on (to attention, where ``attention.SPANS`` is read).
-    spans: bool = False
+    #: Whether ``forward`` passes keywords on (to attention, where ``attention.CACHE`` is read).
+    passes: bool = False
 
 
 _FOUND: weakref.WeakKeyDictionary[Any, Calling] = weakref.WeakKeyDictionary()
@@ -62,7 +62,7 @@ def calling(model: Any) -> Calling | str:
         parameters: Any = inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
         parameters = {}
-    spans = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    passes = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
     device, failure = model.device, "no spelling wrote into the cache given"
     ids = torch.tensor([[1, 2]], device=device)
     for word in _order(CACHE_WORDS, parameters):
@@ -73,7 +73,7 @@ def calling(model: Any) -> Calling | str:
             elif tried is None:  # the forward ignored this cache keyword: the next one
                 break
             elif tried[1]:  # the cache written, and the logits as long as asked
-                _FOUND[model] = Calling(word, tried[0], keep, spans)
+                _FOUND[model] = Calling(word, tried[0], keep, passes)
                 return _FOUND[model]
     return f"its forward took the cache as none of {', '.join(CACHE_WORDS)} ({failure})"
 

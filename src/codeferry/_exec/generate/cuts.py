@@ -1,21 +1,20 @@
-"""How the decode loop cuts its rows and prompts into runs (``decode.py``): pure, no torch.
+"""How the decode loop cuts its prompts and rows into runs (``decode.py``): pure, no torch.
 
-Two cuts of one kind: a list of values split into consecutive runs, each run costing its
-length times its largest value plus a fixed cost for the run itself (one more attention
-call, one more forward). ``runs`` finds the cut that costs least. And the rows a compaction
-keeps, as runs of consecutive rows it copies with one slice each (``blocks``).
+Prompts into groups prefilled apart: a list of values split into consecutive runs, each run
+costing its length times its largest value plus a fixed cost for the run itself (one more
+forward); ``runs`` finds the cut that costs least. And the rows a compaction keeps, as runs
+of consecutive rows it copies with one slice each (``blocks``).
 """
 
 from __future__ import annotations
 
 import functools
 
-__all__ = ["CALL_COLUMNS", "CALL_TOKENS", "blocks", "prefill_runs", "runs", "spans"]
+__all__ = ["CALL_TOKENS", "blocks", "prefill_runs", "runs"]
 
-#: What one more attention call costs, in cache columns of one row (``spans``), and one
-#: more prefill forward, in prompt tokens (``prefill_runs``): a call's fixed cost (weights
-#: read, Python) against one row's column or one token's share of a step, on CPU.
-CALL_COLUMNS, CALL_TOKENS = 64, 16
+#: What one more prefill forward costs, in prompt tokens (``prefill_runs``): a call's fixed
+#: cost (weights read, Python) against one token's share of a step, on CPU.
+CALL_TOKENS = 16
 
 
 @functools.lru_cache(maxsize=256)
@@ -38,21 +37,6 @@ def runs(values: tuple[int, ...], call: int) -> tuple[tuple[int, int], ...]:
         out.append((cut[end], end))
         end = cut[end]
     return tuple(reversed(out))
-
-
-@functools.lru_cache(maxsize=256)
-def spans(starts: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
-    """Rows cut into runs that attend apart (``attention.SPANS``): ``(first row, end row,
-    first column)`` each; ``starts``: each row's first real cache column.
-
-    Why: the cache is a rectangle, each row left-padded to the longest; a row whose prompt
-    was short reads padding columns at every step and layer (on the benchmark's prompts of
-    6 to 51 tokens, up to half the cache). A run of ``n`` rows reads ``n * (length - its
-    first column)``: the cut that reads least is ``runs`` of the negated starts, whatever
-    the length. Asked at every decode step: remembered, like ``runs``.
-    """
-    return tuple((a, b, min(starts[a:b])) for a, b in runs(tuple(-s for s in starts),
-                                                           CALL_COLUMNS))
 
 
 def prefill_runs(lengths: list[int]) -> tuple[tuple[int, int], ...]:

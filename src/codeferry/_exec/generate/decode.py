@@ -13,10 +13,9 @@ model's ``forward`` itself:
   in groups of like lengths (``prefill_runs``), each padded to its own longest, all groups
   of one fill written into one buffer, joined to the batch once (joining each group copied
   the whole cache once a group: a fifth of a 64-prompt prefill's time);
-- the cache is ``_Layer``: per layer one preallocated buffer, written in place, its
-  capacity the longest row's prompt plus its remaining new tokens; for a model whose
-  attention ``attention.enable`` switched, in float32 (faster on CPU for half precision),
-  and its rows attend in runs that skip the padding columns they do not need (``spans``);
+- the cache is ``_Layer``: per layer one preallocated buffer, written in place; for a model
+  whose attention ``attention.enable`` switched, in float32 (faster on CPU for half
+  precision) and a little longer than its columns: a step reads it whole (``CACHE``);
 - a row that ends (its end-of-sequence, its ``max_new_tokens``) stops being computed: the
   batch is compacted (rows selected, and cache columns that only padding fills any more
   dropped) once an eighth of it has ended, so compaction copies the cache rarely;
@@ -27,11 +26,10 @@ model's ``forward`` itself:
 Each row has its own options (``RowOptions``): new-token limits, end-of-sequence ids,
 greedy or sampled (temperature, top-k, top-p, seed), structured output (its own grammar
 matcher masks its logits: ``structured.py``). Greedy rows give ``generate``'s tokens
-(positions from the attention mask as ``generate`` computes them, float32 argmax);
-``tests/exec/generate/test_decode.py`` checks it token for token. A model whose cache is not plain
-full attention (sliding windows, states) is not run here: ``calling.supports`` says so, and the
-worker's probe (``stream.probe``) compares the loop with ``generate`` on the model itself
-before taking it.
+(positions from the attention mask as ``generate`` computes them, float32 argmax;
+``test_decode.py`` checks it). A model whose cache is not plain full attention (sliding
+windows, states) is not run here (``calling.supports``), and the worker's probe
+(``stream.probe``) compares the loop with ``generate`` on the model before taking it.
 
 What the loop relies on in transformers, each decided by what the model does, not by the
 names of its parameters (releases rename them: 5.25's forwards take ``cache``, not
@@ -47,9 +45,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .attention import SPANS, cache_dtype, empty_keys, kv_shape
+from .attention import CACHE, SLACK, cache_dtype, empty_keys, kv_shape
 from .calling import Calling, calling
-from .cuts import blocks, prefill_runs, spans
+from .cuts import blocks, prefill_runs
 
 __all__ = ["Engine", "RowOptions", "decode", "rows_for"]
 
@@ -93,9 +91,9 @@ def _layer_class() -> Any:
     class _Layer(DynamicLayer):  # type: ignore[no-untyped-call]  # untyped in transformers
         """A ``DynamicLayer`` over a preallocated buffer: ``update`` writes in place.
 
-        Columns past ``length`` are never read (``keys`` and ``values`` end there), so a
-        buffer is allocated empty and only padding columns, read under a mask, are zeroed:
-        a masked weight is 0, and 0 times leftover memory that happens to be NaN is NaN.
+        Columns past ``length`` are read only by codeferry's attention (``store``; masked,
+        ``attention.CACHE``), which zeroes its buffers; other buffers are made empty and only
+        their padding columns (masked: 0 times leftover NaN is NaN) zeroed.
         """
 
         capacity = 0
@@ -108,16 +106,14 @@ def _layer_class() -> Any:
                    **kwargs: Any) -> tuple[Any, Any]:
             if not self.is_initialized:
                 self.dtype, self.device = self.store or key_states.dtype, key_states.device
-                self.is_initialized = True
-                self.length = 0
+                self.is_initialized, self.length = True, 0
                 shape = (max(self.rows, key_states.shape[0]), key_states.shape[1],
-                         max(self.capacity, key_states.shape[-2]), key_states.shape[-1])
-                self.kbuf = empty_keys(shape, self.dtype, self.device, self.store is not None)
-                self.vbuf = torch.empty(shape, dtype=self.dtype, device=self.device)
+                         self.room(key_states.shape[-2], self.capacity), key_states.shape[-1])
+                self.kbuf, self.vbuf = self._buffers(shape)
             (row, column), rows = self.at, key_states.shape[0]
             first, end = column + self.length, column + self.length + key_states.shape[-2]
-            if end > self.kbuf.shape[-2]:  # past the capacity planned: grow by half
-                self.resize(list(range(self.kbuf.shape[0])), 0, end + end // 2)
+            if end > self.kbuf.shape[-2]:  # past the capacity: grow
+                self.resize(list(range(self.kbuf.shape[0])), 0, self.room(end, end + end // 2))
             self.kbuf[row:row + rows, :, first:end] = key_states
             self.vbuf[row:row + rows, :, first:end] = value_states
             self.length = end - column
@@ -133,10 +129,17 @@ def _layer_class() -> Any:
             self.dtype, self.device, self.is_initialized = owner.dtype, owner.device, True
             self.keys, self.values = self.kbuf[:0], self.vbuf[:0]  # empty: no columns yet
 
+        def room(self, needed: int, planned: int) -> int:
+            """A buffer's columns: ``planned``, or under ours a quarter more than ``needed``."""
+            return max(needed, planned) if self.store is None else needed + max(SLACK, needed // 4)
+
+        def _buffers(self, shape: tuple[int, ...]) -> tuple[Any, Any]:
+            ours, make = self.store is not None, torch.zeros if self.store is not None else torch.empty
+            return (empty_keys(shape, self.dtype, self.device, ours),
+                    make(shape, dtype=self.dtype, device=self.device))
+
         def _new(self, rows: int, capacity: int) -> tuple[Any, Any]:
-            shape = (rows, self.kbuf.shape[1], capacity, self.kbuf.shape[3])
-            keys = empty_keys(shape, self.kbuf.dtype, self.kbuf.device, self.store is not None)
-            return keys, torch.empty(shape, dtype=self.vbuf.dtype, device=self.vbuf.device)
+            return self._buffers((rows, self.kbuf.shape[1], capacity, self.kbuf.shape[3]))
 
         def _place(self, new: tuple[Any, Any], at: int, pad: int, rows: list[int],
                    start: int) -> None:
@@ -166,7 +169,7 @@ def _layer_class() -> Any:
             """Add ``other``'s rows below these, both right-aligned on the longer length."""
             length = max(self.length, other.length)
             mine, theirs = self.kbuf.shape[0], other.kbuf.shape[0]
-            new = self._new(mine + theirs, max(capacity, length))
+            new = self._new(mine + theirs, self.room(length, capacity))
             self._place(new, 0, length - self.length, list(range(mine)), 0)
             other._place(new, mine, length - other.length, list(range(theirs)), 0)
             self._use(new, length)
@@ -267,10 +270,8 @@ class _Batch:
 
         self.mask = torch.cat([self.mask, torch.ones((self.mask.shape[0], 1),
                                                      dtype=self.mask.dtype)], dim=1)
-        device = self.model.device
-        extra = {}
-        if self.store is not None and self.call.spans:  # codeferry's attention: rows in runs
-            extra[SPANS] = spans(tuple(self.mask.int().argmax(-1).tolist()))
+        device = self.model.device  # codeferry's attention reads its layers' whole buffers:
+        extra = {CACHE: self.cache} if self.store is not None and self.call.passes else {}
         out = self.model(input_ids=self.last.to(device), attention_mask=self.mask.to(device),
                          position_ids=self.position.to(device),
                          **{self.call.cache: self.cache}, **self.call.options, **extra)

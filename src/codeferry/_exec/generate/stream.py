@@ -185,7 +185,7 @@ def choose(model: Any, requested: str, device: str, pad: int | None) -> tuple[st
     if device.startswith("cpu") and _settings.cpu_float32_attention() and enable(model):
         if probe(model, 0 if pad is None else pad) is None:
             return "decode", ("a greedy probe of the decode loop, with codeferry's attention "
-                              "(rows in runs; float32 keys for half precision), matched "
+                              "(whole buffers; float32 keys for half precision), matched "
                               "generate token for token (tied logits either way); "
                               + layout_note(model))
         disable(model)
