@@ -164,6 +164,32 @@ def test_the_loops_decode_steps_attend_through_the_way_set_over_whole_buffers(
     assert (layer.kbuf.stride(-2) == 1) == (way == "innermost") and layer.vbuf.is_contiguous()
 
 
+@pytest.mark.parametrize("way", attention.WAYS)
+def test_a_buffer_grows_by_a_quarter_as_its_rows_outgrow_it_and_tokens_stay_generates(
+        way: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CODEFERRY_CPU_DECODE_KEYS", way)
+    model = half("float32")
+    assert attention.enable(model)
+    batch = [list(range(10, 18)), list(range(30, 33)), list(range(50, 62))]
+    options = [RowOptions(60, (EOS,), min_new_tokens=60) for _ in batch]  # every row 60 long
+    engine = Engine(model, pad_token_id=0)
+    engine.add(batch, options)
+    widths: list[int] = []
+    outputs: list[list[int]] = []
+    with torch.inference_mode():
+        while engine.busy:
+            for _, rows in engine.step():
+                outputs = rows
+            if engine.batch.cache is not None:
+                layer = engine.batch.cache.layers[1]
+                assert not layer.kbuf[:, :, layer.length:].any()  # the rest stays zero
+                assert not layer.vbuf[:, :, layer.length:].any()
+                widths.append(layer.kbuf.shape[-2])
+    # 12 columns after the prefill and 16 more; grown to 16 (at least a quarter) past each
+    assert sorted(set(widths)) == [28, 45, 62, 79], sorted(set(widths))
+    assert outputs == [generated(model, p, o) for p, o in zip(batch, options, strict=True)]
+
+
 def test_unset_the_way_is_the_one_timed_fastest_once_a_process(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CODEFERRY_CPU_DECODE_KEYS", raising=False)
