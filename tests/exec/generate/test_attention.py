@@ -140,9 +140,7 @@ def test_a_decode_step_attends_over_whole_buffers_as_sdpa_over_the_columns_writt
 def test_the_loops_decode_steps_attend_through_the_way_set_over_whole_buffers(
         way: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # what this transformers passes to attention must not turn the whole buffers down
-    monkeypatch.setenv("CODEFERRY_CPU_DECODE_KEYS", way)
-    model = half("float32")
-    assert attention.enable(model)
+    model = _ours(way, monkeypatch)
     rows: list[int] = []
     real = attention._step
     monkeypatch.setattr(attention, "_step", lambda *a: rows.append(a[1].shape[-2]) or real(*a))
@@ -167,9 +165,7 @@ def test_the_loops_decode_steps_attend_through_the_way_set_over_whole_buffers(
 @pytest.mark.parametrize("way", attention.WAYS)
 def test_a_buffer_grows_by_a_quarter_as_its_rows_outgrow_it_and_tokens_stay_generates(
         way: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CODEFERRY_CPU_DECODE_KEYS", way)
-    model = half("float32")
-    assert attention.enable(model)
+    model = _ours(way, monkeypatch)
     batch = [list(range(10, 18)), list(range(30, 33)), list(range(50, 62))]
     options = [RowOptions(60, (EOS,), min_new_tokens=60) for _ in batch]  # every row 60 long
     engine = Engine(model, pad_token_id=0)
@@ -212,6 +208,14 @@ def test_unset_the_way_is_the_one_timed_fastest_once_a_process(
     assert attention.decode_way(heads, dim) == "sdpa"
     assert attention.layout_note(model) == (
         "a step attends by torch's SDPA over keys as they come: CODEFERRY_CPU_DECODE_KEYS")
+
+
+def _ours(way: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A float32 tiny Llama on codeferry's attention, its steps set to ``way``."""
+    monkeypatch.setenv("CODEFERRY_CPU_DECODE_KEYS", way)
+    model = half("float32")
+    assert attention.enable(model)
+    return model
 
 
 def _layer(model: Any, batch: list[list[int]]) -> Any:
